@@ -1,0 +1,1 @@
+"""Subcommands of `liac`, one module each (see liac/cli.py)."""

@@ -1,0 +1,16 @@
+"""`liac inspect` (not yet implemented)."""
+
+from __future__ import annotations
+
+from liac.errors import LiacError
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("inspect", help="(not yet implemented)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    raise LiacError("inspect", "not implemented yet")

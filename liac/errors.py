@@ -1,0 +1,46 @@
+"""One error family for everything a user can get wrong.
+
+A `LiacError` names where the problem is (a file, a CLI flag, a YAML path) and what was expected. The CLIs print
+it as one line and exit with status 2; any other exception is a bug and keeps its traceback.
+
+    plans/opt-30b.yaml: spec.layer_groups[0].sublayers[2].weights: unsupported value 'nvme': must be one of 'hbm', 'ddr', 'cxl'
+    compile: constraint mem_hbm: needs 31.2 GiB, --gpu-mem allows 24.0 GiB (short by 7.2 GiB)
+"""
+
+from __future__ import annotations
+
+__all__ = ["LiacError", "InfeasibleError", "EXIT_USER_ERROR"]
+
+EXIT_USER_ERROR = 2
+
+
+class LiacError(Exception):
+    """A problem with the user's input, printed as `<source>: <path>: <message>`.
+
+    Args:
+        source: the file, flag or command the problem comes from (e.g. 'plans/a.yaml', '--batch', 'compile').
+        message: what is wrong and what was expected ("must be ...").
+        path: where inside the source (a YAML path like 'spec.workload.batch_size'); empty when not applicable.
+    """
+
+    def __init__(self, source: str, message: str, path: str = ""):
+        self.source = str(source)
+        self.path = path
+        self.message = message
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        parts = [self.source]
+        if self.path:
+            parts.append(self.path)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+
+class InfeasibleError(LiacError):
+    """No placement fits: names the binding memory tier and how many GiB it is short."""
+
+    def __init__(self, source: str, message: str, tier: str = "", short_bytes: int = 0):
+        self.tier = tier
+        self.short_bytes = short_bytes
+        super().__init__(source, message)

@@ -1,0 +1,265 @@
+"""Building blocks shared by the model families: one module per *sublayer* (a placement unit of a plan).
+
+A decoder layer is a straight line of sublayer modules (see `opt.py`, `llama.py`):
+
+    q, k, v = layer.qkv(x, positions)          # norm + fused QKV projection (+ RoPE)
+    o       = layer.attn(q, k_all, v_all)      # attn_score + softmax + attn_context (no weights)
+    x       = layer.out_proj(o, x)             # output projection + residual
+    h       = layer.fc1(x)                     # norm + fc1 + activation   (gate_up for SwiGLU, router for MoE)
+    x       = layer.fc2(h, x)                  # fc2 + residual            (down for SwiGLU, experts for MoE)
+
+The attribute names are the sublayer names of the plan, so the runtime can place each module on its own device and
+call it there; the tracer lowers the same code. Shapes: B batch, Q query tokens, C context (keys) tokens,
+D hidden size, H heads, G key/value heads, E head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from liac.models.config import ModelConfig
+
+__all__ = [
+    "RMSNorm", "make_norm", "rope_inv_freq", "apply_rope", "QKV", "Attention", "ResidualLinear", "NormLinearAct",
+    "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer",
+]
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation, computed in fp32 like the reference (HF) implementation."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+    return RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+
+def rope_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
+    """Inverse frequencies [E/2] in fp32, with Llama 3.1's long-context rescaling when configured."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    if cfg.rope_type != "llama3":
+        return inv_freq
+    old_len = cfg.rope_original_max_position
+    low_wavelen = old_len / cfg.rope_low_freq_factor
+    high_wavelen = old_len / cfg.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / cfg.rope_factor, inv_freq)
+    smooth = (old_len / wavelen - cfg.rope_low_freq_factor) / (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor)
+    smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, Q, E] by positions [B, Q] (cos/sin in fp32, then cast, as HF does)."""
+    freqs = positions[:, :, None].float() * inv_freq[None, None, :]  # [B, Q, E/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]  # [B, 1, Q, E]
+    return x * cos + _rotate_half(x) * sin
+
+
+class QKV(nn.Module):
+    """Sublayer `qkv`: attention norm, fused Q/K/V projection, RoPE. Weight rows are [Q; K; V]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.norm = make_norm(cfg)
+        self.proj = nn.Linear(cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
+                              bias=cfg.qkv_bias)
+        # OPT scales q after the projection; RoPE models scale inside attention.
+        self.q_scale = cfg.head_dim ** -0.5 if not cfg.uses_rope else 1.0
+        self.register_buffer("inv_freq", rope_inv_freq(cfg) if cfg.uses_rope else None, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor):
+        B, Q, _ = x.shape
+        qkv = self.proj(self.norm(x))  # [B, Q, (H + 2G) * E]
+        q, k, v = qkv.split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                             self.num_kv_heads * self.head_dim], dim=-1)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        q = q.view(B, Q, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, Q, E]
+        k = k.view(B, Q, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, G, Q, E]
+        v = v.view(B, Q, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.inv_freq is not None:
+            q = apply_rope(q, positions, self.inv_freq)
+            k = apply_rope(k, positions, self.inv_freq)
+        return q, k, v
+
+
+class Attention(nn.Module):
+    """Sublayers `attn_score` (q·Kᵀ, mask, softmax) and `attn_context` (p·V). No weights.
+
+    The query block sits at the end of the context: query i sees keys 0 .. C - Q + i.
+    `forward` fuses both (scaled_dot_product_attention); `score` and `context` run them apart, for plans that put
+    them on different devices.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.scale = 1.0 if not cfg.uses_rope else cfg.head_dim ** -0.5
+        self.groups = cfg.num_heads // cfg.num_kv_heads
+
+    @staticmethod
+    def _mask(Q: int, C: int, device) -> torch.Tensor | None:
+        if Q == 1:
+            return None
+        return torch.ones(Q, C, dtype=torch.bool, device=device).tril(C - Q)  # [Q, C]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # q: [B, H, Q, E]; k, v: [B, G, C, E] → [B, Q, H * E]
+        B, H, Q, E = q.shape
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._mask(Q, k.shape[2], q.device),
+                                           scale=self.scale, enable_gqa=self.groups > 1)
+        return o.transpose(1, 2).reshape(B, Q, H * E)
+
+    def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        # q: [B, H, Q, E], k: [B, G, C, E] → probabilities [B, H, Q, C]
+        B, H, Q, E = q.shape
+        qg = q.view(B, k.shape[1], self.groups * Q, E)  # heads of one group share K
+        s = (qg @ k.transpose(-1, -2)).view(B, H, Q, -1) * self.scale
+        mask = self._mask(Q, k.shape[2], q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+
+    def context(self, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # p: [B, H, Q, C], v: [B, G, C, E] → [B, Q, H * E]
+        B, H, Q, C = p.shape
+        o = (p.view(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
+        return o.transpose(1, 2).reshape(B, Q, -1)
+
+
+class ResidualLinear(nn.Module):
+    """Sublayers `out_proj`, `fc2`, `down`: a projection added to the residual stream."""
+
+    def __init__(self, d_in: int, d_out: int, bias: bool):
+        super().__init__()
+        self.proj = nn.Linear(d_in, d_out, bias=bias)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + self.proj(h)
+
+
+class NormLinearAct(nn.Module):
+    """Sublayer `fc1` (OPT): FFN norm, projection up, ReLU."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = make_norm(cfg)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.ffn_dim, bias=cfg.proj_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.proj(self.norm(x)))
+
+
+class NormGateUp(nn.Module):
+    """Sublayer `gate_up` (SwiGLU): FFN norm, fused gate/up projection (rows [gate; up]), silu(gate) · up."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ffn_dim = cfg.ffn_dim
+        self.norm = make_norm(cfg)
+        self.proj = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_dim, bias=cfg.proj_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.proj(self.norm(x)).split(self.ffn_dim, dim=-1)
+        return F.silu(gate) * up
+
+
+class Embedding(nn.Module):
+    """Sublayer `embed`: token embedding, plus learned positions for OPT (HF's offset of 2)."""
+
+    POSITION_OFFSET = 2
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.positions = (nn.Embedding(cfg.max_position + self.POSITION_OFFSET, cfg.hidden_size)
+                          if not cfg.uses_rope else None)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)  # [B, Q, D]
+        if self.positions is not None:
+            x = x + self.positions(positions + self.POSITION_OFFSET)
+        return x
+
+
+class LMHead(nn.Module):
+    """Sublayer `lm_head`: final norm and the vocabulary projection (weight shared with the embedding if tied)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = make_norm(cfg)
+        self.proj = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+class KVCache:
+    """A growing per-layer K/V cache for the eager reference forward: lists of [B, G, C, E] tensors."""
+
+    def __init__(self, num_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self.k[layer] is not None:
+            k = torch.cat([self.k[layer], k], dim=2)
+            v = torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[2]
+
+
+class Transformer(nn.Module):
+    """Embedding, `num_layers` identical decoder layers, LM head. `forward` is the eager reference."""
+
+    def __init__(self, cfg: ModelConfig, layer_cls: type[nn.Module]):
+        super().__init__()
+        self.config = cfg
+        self.embed = Embedding(cfg)
+        self.layers = nn.ModuleList(layer_cls(cfg) for _ in range(cfg.num_layers))
+        self.lm_head = LMHead(cfg)
+        if cfg.tie_embeddings:
+            self.lm_head.proj.weight = self.embed.tokens.weight
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """ids [B, Q] → logits [B, Q, vocab]; appends to `cache` when given."""
+        B, Q = ids.shape
+        start = cache.length if cache is not None else 0
+        positions = torch.arange(start, start + Q, device=ids.device).expand(B, Q)
+        x = self.embed(ids, positions)
+        for index, layer in enumerate(self.layers):
+            empty = x.new_empty(B, self.config.num_kv_heads, 0, self.config.head_dim)
+            k_past = cache.k[index] if cache is not None and cache.k[index] is not None else empty
+            v_past = cache.v[index] if cache is not None and cache.v[index] is not None else empty
+            x, k, v = layer(x, positions, k_past, v_past)
+            if cache is not None:
+                cache.update(index, k, v)
+        return self.lm_head(x)

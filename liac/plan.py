@@ -1,0 +1,385 @@
+"""`OffloadPlan`: the only contract between the compiler and the runtime.
+
+A plan is a Kubernetes-style document:
+
+    apiVersion: liac/v1
+    kind: OffloadPlan
+    metadata:  name, liac version                       (identity; no timestamps)
+    spec:      model, hardware, workload, budgets,      (what the runtime must do; it reads nothing else)
+               memory to reserve, execution, layer_groups
+    status:    solver report, predicted costs, memory   (what the compiler observed; the runtime never reads it)
+
+`spec.layer_groups` lists contiguous ranges of layers sharing one configuration: for each sublayer its device in
+each phase and the tier of its weights, and the tier of the group's KV cache. The embedding and the LM head are
+groups of class 'embed' and 'head' with one layer each.
+
+The frozen dataclasses below are the single source of truth: `load_plan` validates against them (each error names
+the YAML path), `plan_json_schema()` generates the JSON Schema shipped in `liac/schema/`, and `dump_plan` writes
+sorted keys, rounded floats and nothing else, atomically. Same plan → byte-identical file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from liac.errors import LiacError
+from liac.models.config import FAMILIES, ModelConfig
+from liac.schema_tools import from_data, json_schema, spec_field, to_data
+
+__all__ = [
+    "API_VERSION", "KIND", "DEVICES", "TIERS", "OBJECTIVES", "MIGRATIONS",
+    "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "SublayerPlacement", "LayerGroup",
+    "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
+    "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "write_atomic", "yaml_dump",
+    "check_semantics",
+]
+
+API_VERSION = "liac/v1"
+KIND = "OffloadPlan"
+DEVICES = ("cpu", "gpu")
+TIERS = ("hbm", "ddr", "cxl")
+NO_TIER = "none"
+OBJECTIVES = ("latency", "throughput")
+LAYER_CLASSES = ("embed", "decoder", "head")
+SOLVER_STATUSES = ("optimal", "feasible", "fixed")  # 'fixed': a hand-written or fixed-policy plan, not solved
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model the plan is for; `config` is the full architecture, `config_sha256` its hash."""
+
+    name: str = spec_field("model name (zoo name or checkpoint directory name)")
+    family: str = spec_field("model family", enum=FAMILIES)
+    config_sha256: str = spec_field("sha256 of the architecture (ModelConfig.sha256())", pattern="[0-9a-f]{64}")
+    config: dict = spec_field("the architecture, as ModelConfig.to_dict()")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """The hardware profile the plan was compiled for."""
+
+    profile: str = spec_field("hardware profile name")
+    sha256: str = spec_field("sha256 of the profile's canonical form", pattern="[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The workload point this plan is optimal for."""
+
+    batch_size: int = spec_field("sequences decoded together", minimum=1)
+    prompt_len: int = spec_field("prompt tokens per sequence", minimum=1)
+    gen_len: int = spec_field("new tokens generated per sequence", minimum=1)
+    objective: str = spec_field("what the solver minimised: end-to-end latency, or time per token at this batch",
+                                enum=OBJECTIVES)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Memory the compiler was allowed to use, per tier, in bytes."""
+
+    gpu_bytes: int = spec_field("GPU memory budget (weights, KV cache, activations, staging buffers)", minimum=0)
+    cpu_bytes: int = spec_field("host DDR budget", minimum=0)
+    cxl_bytes: int = spec_field("CXL memory budget (0 when the profile has none)", minimum=0)
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    """Bytes per memory tier."""
+
+    hbm_bytes: int = spec_field("GPU HBM bytes", minimum=0)
+    ddr_bytes: int = spec_field("host DDR bytes", minimum=0)
+    cxl_bytes: int = spec_field("CXL memory bytes", minimum=0)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How the runtime overlaps transfers with compute."""
+
+    prefetch_depth: int = spec_field("layers whose streamed weights are copied ahead of compute (1 = double "
+                                     "buffering, 0 = no streaming)", minimum=0)
+    staging_bytes: int = spec_field("GPU bytes of one staging buffer for streamed weights and KV of one layer",
+                                    minimum=0)
+
+
+@dataclass(frozen=True)
+class SublayerPlacement:
+    """Where one sublayer computes in each phase, and where its weights live."""
+
+    name: str = spec_field("sublayer name (qkv, attn_score, attn_context, out_proj, fc1, fc2, gate_up, down, "
+                           "router, experts, embed, lm_head)")
+    prefill: str = spec_field("compute device during prefill", enum=DEVICES)
+    decode: str = spec_field("compute device during decode", enum=DEVICES)
+    weights: str = spec_field("memory tier of the sublayer's weights ('none' when it has none)",
+                              enum=TIERS + (NO_TIER,))
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A contiguous range of layers of one class that share a configuration."""
+
+    name: str = spec_field("group name, unique in the plan")
+    layer_class: str = spec_field("layer class", enum=LAYER_CLASSES)
+    first_layer: int = spec_field("index of the first layer of the range within its class", minimum=0)
+    layer_count: int = spec_field("number of layers in the range", minimum=1)
+    kv_cache: str = spec_field("memory tier of the group's KV cache ('none' for embed/head)",
+                               enum=TIERS + (NO_TIER,))
+    sublayers: tuple[SublayerPlacement, ...] = spec_field("placement units in execution order")
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything the runtime needs."""
+
+    model: ModelSpec = spec_field("the model")
+    hardware: HardwareSpec = spec_field("the hardware profile compiled for")
+    workload: Workload = spec_field("the workload point")
+    budgets: Budgets = spec_field("memory budgets given to the compiler")
+    memory: TierBytes = spec_field("bytes the runtime reserves per tier (weights, KV, staging, workspace)")
+    execution: Execution = spec_field("transfer/compute overlap")
+    layer_groups: tuple[LayerGroup, ...] = spec_field("embed group, decoder groups in layer order, head group")
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    """How the placement was found."""
+
+    name: str = spec_field("solver (e.g. 'PULP_CBC_CMD', 'HiGHS', 'fixed')")
+    status: str = spec_field("solution status", enum=SOLVER_STATUSES)
+    objective_seconds: float = spec_field("objective value in seconds", minimum=0)
+    gap: float = spec_field("relative optimality gap proven by the solver (0 = optimal)", minimum=0)
+
+
+@dataclass(frozen=True)
+class SublayerTime:
+    """Predicted time of one sublayer in one layer of a group, in one phase (decode: mean over the steps)."""
+
+    group: str = spec_field("layer group name")
+    name: str = spec_field("sublayer name")
+    phase: str = spec_field("phase", enum=("prefill", "decode"))
+    device: str = spec_field("compute device", enum=DEVICES)
+    compute_seconds: float = spec_field("roofline compute time", minimum=0)
+    transfer_seconds: float = spec_field("activation / KV-write transfers charged to this sublayer", minimum=0)
+    stream_seconds: float = spec_field("weights and KV streamed to the GPU for it (overlapped with compute)",
+                                       minimum=0)
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    """Memory use of one tier against its capacity."""
+
+    tier: str = spec_field("memory tier", enum=TIERS)
+    used_bytes: int = spec_field("bytes the plan places in the tier", minimum=0)
+    capacity_bytes: int = spec_field("budget of the tier", minimum=0)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The cost model's prediction for the plan."""
+
+    prefill_seconds: float = spec_field("prefill of the whole batch", minimum=0)
+    decode_seconds: float = spec_field("all decode steps", minimum=0)
+    decode_seconds_per_token: float = spec_field("mean decode step", minimum=0)
+    total_seconds: float = spec_field("prefill + decode", minimum=0)
+    tokens_per_second: float = spec_field("generated tokens (batch × gen_len) per total second", minimum=0)
+    sublayers: tuple[SublayerTime, ...] = spec_field("per-sublayer breakdown")
+
+
+@dataclass(frozen=True)
+class PlanStatus:
+    """What the compiler observed."""
+
+    solver: SolverReport = spec_field("solver report")
+    predicted: Predicted = spec_field("predicted costs")
+    memory: tuple[TierUsage, ...] = spec_field("peak memory per tier against its budget")
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Identity of the plan."""
+
+    name: str = spec_field("plan name: <model>.<profile>.b<batch>-p<prompt>-g<gen>")
+    liac_version: str = spec_field("liac version that wrote the plan")
+
+
+@dataclass(frozen=True)
+class OffloadPlan:
+    """An offload plan (see the module docstring)."""
+
+    apiVersion: str = spec_field("schema version", enum=(API_VERSION,))
+    kind: str = spec_field("document kind", enum=(KIND,))
+    metadata: Metadata = spec_field("identity")
+    spec: PlanSpec = spec_field("desired execution")
+    status: PlanStatus = spec_field("compiler's observations")
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.spec.model.config, source="spec.model.config")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Versioning: an older document is migrated step by step to API_VERSION before validation.
+# MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure and covered by a kept fixture.
+MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {}
+
+
+def _migrate(doc: dict, source: str) -> dict:
+    seen = set()
+    while isinstance(doc, dict) and doc.get("apiVersion") in MIGRATIONS and doc.get("apiVersion") != API_VERSION:
+        version = doc["apiVersion"]
+        if version in seen:
+            raise LiacError(source, f"migration loop at '{version}'", path="apiVersion")
+        seen.add(version)
+        _, migrate = MIGRATIONS[version]
+        doc = migrate(doc)
+    return doc
+
+
+def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
+    """Plain data (from YAML) → validated OffloadPlan; older apiVersions are migrated first."""
+    if not isinstance(doc, dict):
+        raise LiacError(source, "must be a YAML mapping with apiVersion, kind, metadata, spec, status")
+    version = doc.get("apiVersion")
+    known = sorted({API_VERSION, *MIGRATIONS})
+    if version not in known:
+        raise LiacError(source, f"unsupported value {version!r}: must be one of "
+                        + ", ".join(f"'{v}'" for v in known), path="apiVersion")
+    doc = _migrate(doc, source)
+    plan = from_data(OffloadPlan, doc, source)
+    errors = check_semantics(plan)
+    if errors:
+        path, message = errors[0]
+        raise LiacError(source, message, path=path)
+    return plan
+
+
+def load_plan(path: str | os.PathLike) -> OffloadPlan:
+    """Read and validate a plan file (YAML, safe_load)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LiacError(source, f"not valid YAML: {' '.join(str(e).split())}") from e
+    return parse_plan(doc, source)
+
+
+def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
+    """Checks the schema cannot express. Returns (yaml path, message) pairs; empty when the plan is sound."""
+    from liac.models import SUBLAYERS  # late import: models pull in torch
+
+    errors: list[tuple[str, str]] = []
+    spec = plan.spec
+    try:
+        cfg = plan.model_config
+    except LiacError as e:
+        return [("spec.model.config", e.message)]
+    if cfg.sha256() != spec.model.config_sha256:
+        errors.append(("spec.model.config_sha256", f"does not match spec.model.config (which hashes to "
+                                                   f"{cfg.sha256()[:12]}…)"))
+    if cfg.family != spec.model.family:
+        errors.append(("spec.model.family", f"must equal spec.model.config.family '{cfg.family}'"))
+    expected_units = {"embed": ("embed",), "decoder": SUBLAYERS[cfg.family], "head": ("lm_head",)}
+    next_layer = {"embed": 0, "decoder": 0, "head": 0}
+    names = set()
+    for index, group in enumerate(spec.layer_groups):
+        where = f"spec.layer_groups[{index}]"
+        if group.name in names:
+            errors.append((f"{where}.name", f"duplicate group name '{group.name}'"))
+        names.add(group.name)
+        if group.first_layer != next_layer[group.layer_class]:
+            errors.append((f"{where}.first_layer", f"must be {next_layer[group.layer_class]} (layer ranges of class "
+                                                   f"'{group.layer_class}' must be contiguous, in order)"))
+        next_layer[group.layer_class] = group.first_layer + group.layer_count
+        got = tuple(s.name for s in group.sublayers)
+        want = expected_units[group.layer_class]
+        if got != want:
+            errors.append((f"{where}.sublayers", f"must name {', '.join(want)} in this order, got "
+                                                 f"{', '.join(got) or 'none'}"))
+        decoder = group.layer_class == "decoder"
+        if decoder == (group.kv_cache == NO_TIER):
+            errors.append((f"{where}.kv_cache", "must be one of 'hbm', 'ddr', 'cxl' for decoder groups and 'none' "
+                                                "otherwise"))
+        for position, sub in enumerate(group.sublayers):
+            sub_where = f"{where}.sublayers[{position}]"
+            has_weights = sub.name not in ("attn_score", "attn_context")
+            if has_weights and sub.weights == NO_TIER:
+                errors.append((f"{sub_where}.weights", "must be one of 'hbm', 'ddr', 'cxl': the sublayer has weights"))
+            if not has_weights and sub.weights != NO_TIER:
+                errors.append((f"{sub_where}.weights", "must be 'none': the sublayer has no weights"))
+            if sub.weights == "hbm" and "cpu" in (sub.prefill, sub.decode):
+                errors.append((f"{sub_where}.weights", "must not be 'hbm' for a sublayer computed on the CPU"))
+            if decoder and sub.name in ("attn_score", "attn_context") and group.kv_cache == "hbm" \
+                    and sub.decode == "cpu":
+                errors.append((f"{sub_where}.decode", "must be 'gpu': the group's KV cache is in 'hbm'"))
+    want_layers = {"embed": 1, "decoder": cfg.num_layers, "head": 1}
+    for layer_class, count in want_layers.items():
+        if next_layer[layer_class] != count:
+            errors.append(("spec.layer_groups", f"layers of class '{layer_class}' must cover 0..{count - 1}, "
+                                                f"covered 0..{next_layer[layer_class] - 1}"))
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper, data):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def yaml_dump(data: Any) -> str:
+    """Deterministic YAML: sorted keys, block style, no aliases."""
+    _Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=120,
+                     allow_unicode=True)
+
+
+def plan_to_yaml(plan: OffloadPlan) -> str:
+    return yaml_dump(to_data(plan))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to a temp file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def dump_plan(plan: OffloadPlan, path: str | os.PathLike) -> None:
+    errors = check_semantics(plan)
+    if errors:  # the compiler must never write a plan the runtime would refuse
+        raise ValueError(f"refusing to write an invalid plan: {errors[0][0]}: {errors[0][1]}")
+    write_atomic(path, plan_to_yaml(plan))
+
+
+def plan_json_schema() -> dict[str, Any]:
+    return json_schema(OffloadPlan, title=f"liac OffloadPlan ({API_VERSION})")
+
+
+def schema_text() -> str:
+    return json.dumps(plan_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,168 @@
+"""Frozen dataclasses as a schema: load (with path-named errors), dump, and JSON Schema generation.
+
+A record is a frozen dataclass whose fields use these types: `int`, `float`, `str`, `bool`, `dict` (a free-form
+mapping, checked by the record's own code), another record, or `tuple[Record, ...]` (a YAML list of records).
+Field metadata (`spec_field(...)`) adds `enum`, `minimum`, `pattern` and `doc`, which both the loader and the
+generated JSON Schema enforce, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import MISSING, field, fields, is_dataclass
+from typing import Any
+
+from liac.errors import LiacError
+
+__all__ = ["spec_field", "from_data", "to_data", "json_schema", "stable_float"]
+
+
+def spec_field(doc: str, *, enum: tuple[str, ...] | None = None, minimum: float | None = None,
+               pattern: str | None = None, default: Any = MISSING):
+    meta = {"doc": doc}
+    if enum is not None:
+        meta["enum"] = tuple(enum)
+    if minimum is not None:
+        meta["minimum"] = minimum
+    if pattern is not None:
+        meta["pattern"] = pattern
+    if default is MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def stable_float(value: float, digits: int = 6) -> float:
+    """Round to `digits` significant digits so dumps are stable across platforms and runs."""
+    if value == 0 or value != value or value in (float("inf"), float("-inf")):
+        return float(value)
+    return float(f"{value:.{digits}g}")
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(typ) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            dict: "a mapping"}.get(typ, "a mapping")
+
+
+def from_data(cls, data: Any, source: str, path: str = ""):
+    """Build record `cls` from plain data (parsed YAML/JSON); the first problem raises a path-named LiacError."""
+    if not isinstance(data, dict):
+        raise LiacError(source, f"must be a mapping, got {type(data).__name__}", path=path or "(document)")
+    hints = _hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            where = f"{path}.{key}" if path else str(key)
+            raise LiacError(source, f"unknown field: must be one of {', '.join(sorted(known))}", path=where)
+    values = {}
+    for f in fields(cls):
+        where = f"{path}.{f.name}" if path else f.name
+        if f.name not in data:
+            if f.default is not MISSING:
+                values[f.name] = f.default
+                continue
+            if f.default_factory is not MISSING:  # type: ignore[misc]
+                values[f.name] = f.default_factory()  # type: ignore[misc]
+                continue
+            raise LiacError(source, "required field is missing", path=where)
+        values[f.name] = _value(hints[f.name], f.metadata, data[f.name], source, where)
+    return cls(**values)
+
+
+def _value(typ, meta, value, source, where):
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        (item,) = [a for a in typing.get_args(typ) if a is not Ellipsis]
+        if not isinstance(value, list):
+            raise LiacError(source, f"must be a list, got {type(value).__name__}", path=where)
+        return tuple(_value(item, meta, v, source, f"{where}[{index}]") for index, v in enumerate(value))
+    if is_dataclass(typ):
+        return from_data(typ, value, source, where)
+    if typ is dict:
+        if not isinstance(value, dict):
+            raise LiacError(source, f"must be a mapping, got {type(value).__name__}", path=where)
+        return dict(value)
+    if typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise LiacError(source, f"must be {_type_name(typ)}, got {value!r}", path=where)
+    if "enum" in meta and value not in meta["enum"]:
+        allowed = ", ".join(f"'{v}'" for v in meta["enum"])
+        raise LiacError(source, f"unsupported value {value!r}: must be one of {allowed}", path=where)
+    if "minimum" in meta and value < meta["minimum"]:
+        raise LiacError(source, f"must be at least {meta['minimum']}, got {value!r}", path=where)
+    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
+        raise LiacError(source, f"must match '{meta['pattern']}', got {value!r}", path=where)
+    return value
+
+
+def to_data(record) -> Any:
+    """Record → plain data (floats rounded by `stable_float`); the inverse of `from_data`."""
+    if is_dataclass(record):
+        return {f.name: to_data(getattr(record, f.name)) for f in fields(record)}
+    if isinstance(record, (list, tuple)):
+        return [to_data(v) for v in record]
+    if isinstance(record, dict):
+        return {str(k): to_data(v) for k, v in record.items()}
+    if isinstance(record, float):
+        return stable_float(record)
+    return record
+
+
+def json_schema(cls, title: str | None = None) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of record `cls`."""
+    schema = _schema_of(cls)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **({"title": title} if title else {}),
+              **schema}
+    return schema
+
+
+def _schema_of(cls) -> dict[str, Any]:
+    hints = _hints(cls)
+    props, required = {}, []
+    for f in fields(cls):
+        props[f.name] = _schema_of_type(hints[f.name], f.metadata)
+        if f.default is MISSING and f.default_factory is MISSING:  # type: ignore[misc]
+            required.append(f.name)
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
+    if cls.__doc__:
+        out["description"] = " ".join(cls.__doc__.split())
+    if required:
+        out["required"] = required
+    return out
+
+
+def _schema_of_type(typ, meta) -> dict[str, Any]:
+    origin = typing.get_origin(typ)
+    if origin is tuple:
+        (item,) = [a for a in typing.get_args(typ) if a is not Ellipsis]
+        out = {"type": "array", "items": _schema_of_type(item, {})}
+    elif is_dataclass(typ):
+        out = _schema_of(typ)
+    elif typ is dict:
+        out = {"type": "object"}
+    else:
+        out = {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}[typ]}
+    if meta.get("doc"):
+        out["description"] = meta["doc"]
+    if "enum" in meta:
+        out["enum"] = list(meta["enum"])
+    if "minimum" in meta:
+        out["minimum"] = meta["minimum"]
+    if "pattern" in meta:
+        out["pattern"] = meta["pattern"]
+    return out
+
+
+def replace(record, **changes):
+    return dataclasses.replace(record, **changes)
