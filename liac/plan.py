@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import yaml
 
+from liac.artifacts import migrate as _migrations
 from liac.errors import LiacError
 from liac.models.config import FAMILIES, ModelConfig
 from liac.schema_tools import from_data, json_schema, spec_field, to_data
@@ -225,8 +226,11 @@ class OffloadPlan:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Versioning: an older document is migrated step by step to API_VERSION before validation.
-# MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure and covered by a kept fixture.
-MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {}
+# MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure, lives in liac/artifacts/migrate.py and is
+# covered by a kept fixture (tests/artifacts/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
+MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
+    _migrations.V1ALPHA1: (_migrations.V1, _migrations.migrate_v1alpha1_to_v1),
+}
 
 
 def _migrate(doc: dict, source: str) -> dict:
@@ -237,7 +241,10 @@ def _migrate(doc: dict, source: str) -> dict:
             raise LiacError(source, f"migration loop at '{version}'", path="apiVersion")
         seen.add(version)
         _, migrate = MIGRATIONS[version]
-        doc = migrate(doc)
+        try:
+            doc = migrate(doc)
+        except _migrations.MigrationError as e:
+            raise LiacError(source, f"{e.message} (while migrating from '{version}')", path=e.path) from e
     return doc
 
 
@@ -273,6 +280,10 @@ def load_plan(path: str | os.PathLike) -> OffloadPlan:
     return parse_plan(doc, source)
 
 
+def _layer_span(first: int, last: int) -> str:
+    return f"layer {first} is" if first == last else f"layers {first}..{last} are"
+
+
 def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
     """Checks the schema cannot express. Returns (yaml path, message) pairs; empty when the plan is sound."""
     from liac.models import SUBLAYERS  # late import: models pull in torch
@@ -284,22 +295,30 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
     except LiacError as e:
         return [("spec.model.config", e.message)]
     if cfg.sha256() != spec.model.config_sha256:
-        errors.append(("spec.model.config_sha256", f"does not match spec.model.config (which hashes to "
-                                                   f"{cfg.sha256()[:12]}…)"))
+        errors.append(("spec.model.config_sha256", f"must be the sha256 of spec.model.config ('{cfg.sha256()[:12]}"
+                                                   f"…'), got '{spec.model.config_sha256[:12]}…'"))
     if cfg.family != spec.model.family:
         errors.append(("spec.model.family", f"must equal spec.model.config.family '{cfg.family}'"))
     expected_units = {"embed": ("embed",), "decoder": SUBLAYERS[cfg.family], "head": ("lm_head",)}
     next_layer = {"embed": 0, "decoder": 0, "head": 0}
+    previous: dict[str, int] = {}  # layer class → index of its latest group, to name it in an overlap
     names = set()
     for index, group in enumerate(spec.layer_groups):
         where = f"spec.layer_groups[{index}]"
         if group.name in names:
             errors.append((f"{where}.name", f"duplicate group name '{group.name}'"))
         names.add(group.name)
-        if group.first_layer != next_layer[group.layer_class]:
-            errors.append((f"{where}.first_layer", f"must be {next_layer[group.layer_class]} (layer ranges of class "
-                                                   f"'{group.layer_class}' must be contiguous, in order)"))
+        want_first = next_layer[group.layer_class]
+        if group.first_layer != want_first:
+            if group.first_layer < want_first:  # only possible after an earlier group of the class
+                why = (f"{_layer_span(group.first_layer, want_first - 1)} also in "
+                       f"spec.layer_groups[{previous[group.layer_class]}]")
+            else:
+                why = f"{_layer_span(want_first, group.first_layer - 1)} not covered"
+            errors.append((f"{where}.first_layer", f"must be {want_first} (layer ranges of class "
+                                                   f"'{group.layer_class}' must be contiguous, in order: {why})"))
         next_layer[group.layer_class] = group.first_layer + group.layer_count
+        previous[group.layer_class] = index
         got = tuple(s.name for s in group.sublayers)
         want = expected_units[group.layer_class]
         if got != want:

@@ -1,0 +1,116 @@
+"""Plan document (older apiVersion) → plan document (next apiVersion): the migration functions.
+
+Each incompatible change to the plan format bumps `apiVersion` and adds one function here,
+
+    def migrate_<old>_to_<new>(doc: dict) -> dict
+
+pure (no I/O, the input is not mutated), registered in `liac.plan.MIGRATIONS[old] = (new, function)`. The loader
+applies them in a chain (v1alpha1 → v1 → v2 ...) before validating, so every document ever written keeps loading.
+A migration encodes the format *as it was*: it must not read today's tables (unit names, enums) that a later change
+could alter, so the tables it needs are frozen copies below. docs/plan-format.md ("Versioning") has the procedure;
+tests/artifacts/test_migrate.py loads a kept fixture of every old version.
+
+Versions:
+    liac/v1alpha1  placement as per-phase maps ({prefill: {qkv: gpu, ...}, decode: {...}}) plus a `weights` map
+                   from unit to tier (units without weights absent), on each layer group.
+    liac/v1        placement as a list of units in execution order, each `{name, prefill, decode, weights}`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "V1ALPHA1", "V1"]
+
+V1ALPHA1 = "liac/v1alpha1"
+V1 = "liac/v1"
+
+# Units of one layer in execution order as of liac/v1 (frozen copy of liac.models.SUBLAYERS at that version).
+_V1_UNITS = {
+    "embed": ("embed",),
+    "head": ("lm_head",),
+    "opt": ("qkv", "attn_score", "attn_context", "out_proj", "fc1", "fc2"),
+    "llama": ("qkv", "attn_score", "attn_context", "out_proj", "gate_up", "down"),
+    "qwen2": ("qkv", "attn_score", "attn_context", "out_proj", "gate_up", "down"),
+    "mixtral": ("qkv", "attn_score", "attn_context", "out_proj", "router", "experts"),
+}
+_V1_WEIGHTLESS = ("attn_score", "attn_context")
+
+
+class MigrationError(ValueError):
+    """An old document that cannot be migrated: `path` is the YAML path in the *old* document."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}")
+
+
+def _mapping(value: Any, path: str) -> dict:
+    if not isinstance(value, dict):
+        raise MigrationError(path, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _group_v1alpha1_to_v1(group: dict, units: tuple[str, ...], path: str) -> dict:
+    placement = _mapping(group.get("placement"), f"{path}.placement")
+    prefill = _mapping(placement.get("prefill"), f"{path}.placement.prefill")
+    decode = _mapping(placement.get("decode"), f"{path}.placement.decode")
+    weights = _mapping(group.get("weights", {}), f"{path}.weights")
+    for where, table in ((f"{path}.placement.prefill", prefill), (f"{path}.placement.decode", decode),
+                         (f"{path}.weights", weights)):
+        unknown = sorted(set(table) - set(units))
+        if unknown:
+            raise MigrationError(f"{where}.{unknown[0]}", "unknown sublayer: must be one of "
+                                 + ", ".join(f"'{u}'" for u in units))
+    sublayers = []
+    for unit in units:
+        for where, table in ((f"{path}.placement.prefill", prefill), (f"{path}.placement.decode", decode)):
+            if unit not in table:
+                raise MigrationError(f"{where}.{unit}", "required sublayer is missing")
+        # v1alpha1 left weightless units out of `weights`; v1 spells that 'none'.
+        tier = weights.get(unit, "none" if unit in _V1_WEIGHTLESS else None)
+        if tier is None:
+            raise MigrationError(f"{path}.weights.{unit}", "required sublayer is missing")
+        sublayers.append({"name": unit, "prefill": prefill[unit], "decode": decode[unit], "weights": tier})
+    out = {key: value for key, value in group.items() if key not in ("placement", "weights")}
+    out["sublayers"] = sublayers
+    return out
+
+
+def migrate_v1alpha1_to_v1(doc: dict) -> dict:
+    """liac/v1alpha1 → liac/v1: per-phase placement maps become the ordered list of sublayer placements.
+
+    Args:
+        doc: a parsed liac/v1alpha1 document (not modified).
+
+    Returns:
+        A new liac/v1 document; everything but the layer groups' placement is carried over unchanged.
+
+    Raises:
+        MigrationError: naming the path in the old document when a group's maps do not name its units exactly.
+    """
+    out = copy.deepcopy(doc)
+    out["apiVersion"] = V1
+    spec = _mapping(out.get("spec"), "spec")
+    model = _mapping(spec.get("model"), "spec.model")
+    family = model.get("family")
+    if family not in _V1_UNITS or family in ("embed", "head"):
+        raise MigrationError("spec.model.family", f"unsupported value {family!r}: must be one of "
+                             + ", ".join(f"'{f}'" for f in ("opt", "llama", "qwen2", "mixtral")))
+    groups = spec.get("layer_groups")
+    if not isinstance(groups, list):
+        raise MigrationError("spec.layer_groups", "must be a list")
+    new_groups = []
+    for index, group in enumerate(groups):
+        path = f"spec.layer_groups[{index}]"
+        group = _mapping(group, path)
+        layer_class = group.get("layer_class")
+        units = _V1_UNITS.get(family if layer_class == "decoder" else layer_class)
+        if units is None or layer_class not in ("embed", "decoder", "head"):
+            raise MigrationError(f"{path}.layer_class", f"unsupported value {layer_class!r}: must be one of "
+                                 "'embed', 'decoder', 'head'")
+        new_groups.append(_group_v1alpha1_to_v1(group, units, path))
+    spec["layer_groups"] = new_groups
+    return out

@@ -1,0 +1,199 @@
+"""Plan files and sweep directories → every problem found, one line each (`liac validate`).
+
+Three layers of checks, each run only when the previous one passed (a later layer needs what the earlier proves):
+
+1. document: readable YAML, a known `apiVersion` (older ones are migrated first), the schema (`schema_check`);
+2. semantics: `liac.plan.check_semantics` (known sublayers in order, contiguous layer ranges, config hash, tiers
+   allowed by the placement);
+3. capacities and status: the bytes the plan puts in each tier, recomputed from `spec.model.config` by
+   `footprint.tier_footprint` (not taken from the compiler), against `spec.memory` and `spec.budgets`; the
+   compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals).
+
+A finding prints as `<file>: <yaml path>: <message>`, the same shape as `LiacError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from liac.artifacts import footprint
+from liac.artifacts.schema_check import schema_problems
+from liac.errors import LiacError
+
+__all__ = ["Finding", "validate_document", "validate_plan_file", "validate_path", "format_gib", "BUDGET_FIELD",
+           "staging_buffers"]
+
+# Budget field of each tier (spec.budgets) and its reservation (spec.memory).
+BUDGET_FIELD = {"hbm": "gpu_bytes", "ddr": "cpu_bytes", "cxl": "cxl_bytes"}
+_RELATIVE_TOLERANCE = 1e-4  # status floats carry 6 significant digits (liac.schema_tools.stable_float)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: where (file, YAML path) and what was expected. `severity` is 'error' or 'warning'."""
+
+    source: str
+    path: str
+    message: str
+    severity: str = "error"
+
+    def line(self) -> str:
+        parts = [self.source] + ([self.path] if self.path else [])
+        prefix = "warning: " if self.severity == "warning" else ""
+        return prefix + ": ".join(parts + [self.message])
+
+
+def format_gib(num_bytes: float) -> str:
+    """Bytes as GiB with one decimal ('23.8 GiB'), or MiB below one GiB."""
+    if abs(num_bytes) < 2**30:
+        return f"{num_bytes / 2**20:.1f} MiB"
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def staging_buffers(prefetch_depth: int) -> int:
+    """Staging buffers on the GPU: the one being computed from plus `prefetch_depth` being filled (0: none)."""
+    return prefetch_depth + 1 if prefetch_depth > 0 else 0
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=_RELATIVE_TOLERANCE, abs_tol=1e-12)
+
+
+def validate_document(doc: Any, source: str):
+    """Parsed YAML → (OffloadPlan or None, findings). The plan is returned only when it passed layers 1 and 2."""
+    from liac.plan import API_VERSION, MIGRATIONS, OffloadPlan, check_semantics
+    from liac.schema_tools import from_data
+
+    if not isinstance(doc, dict):
+        return None, [Finding(source, "", "must be a YAML mapping with apiVersion, kind, metadata, spec, status")]
+    known = sorted({API_VERSION, *MIGRATIONS})
+    if doc.get("apiVersion") not in known:
+        return None, [Finding(source, "apiVersion", f"unsupported value {doc.get('apiVersion')!r}: must be one of "
+                              + ", ".join(f"'{v}'" for v in known))]
+    if doc["apiVersion"] != API_VERSION:
+        from liac.plan import _migrate  # the loader's own chain, so validate and load cannot disagree
+        try:
+            doc = _migrate(doc, source)
+        except LiacError as e:
+            return None, [Finding(source, e.path, e.message)]
+    problems = schema_problems(OffloadPlan, doc)
+    if problems:
+        return None, [Finding(source, path, message) for path, message in problems]
+    plan = from_data(OffloadPlan, doc, source)
+    problems = check_semantics(plan)
+    if problems:
+        return None, [Finding(source, path, message) for path, message in problems]
+    return plan, [Finding(source, path, message, severity) for path, message, severity in plan_problems(plan)]
+
+
+def plan_problems(plan) -> list[tuple[str, str, str]]:
+    """Layer 3 on a semantically valid plan: (path, message, severity) triples."""
+    return _capacity_problems(plan) + _status_memory_problems(plan) + _status_time_problems(plan)
+
+
+def _capacity_problems(plan) -> list[tuple[str, str, str]]:
+    spec = plan.spec
+    used = footprint.tier_footprint(plan)
+    staging = spec.execution.staging_bytes * staging_buffers(spec.execution.prefetch_depth)
+    out = []
+    for tier, budget_field in BUDGET_FIELD.items():
+        budget = getattr(spec.budgets, budget_field)
+        reserved = getattr(spec.memory, f"{tier}_bytes")
+        need = used[tier].total_bytes + (staging if tier == "hbm" else 0)
+        parts = [f"weights {format_gib(used[tier].weight_bytes)}", f"KV cache {format_gib(used[tier].kv_bytes)}"]
+        if tier == "hbm" and staging:
+            parts.append(f"staging {format_gib(staging)}")
+        what = f"{format_gib(need)} in '{tier}' ({', '.join(parts)})"
+        if need > budget:
+            out.append((f"spec.budgets.{budget_field}", f"over budget: the plan places {what}, more than the "
+                        f"{format_gib(budget)} budget (short by {format_gib(need - budget)})", "error"))
+            continue
+        if reserved > budget:
+            out.append((f"spec.memory.{tier}_bytes", f"must not exceed spec.budgets.{budget_field} "
+                        f"({format_gib(budget)}), got {format_gib(reserved)}", "error"))
+        if reserved < need:
+            out.append((f"spec.memory.{tier}_bytes", f"must be at least {format_gib(need)}: the plan places {what}, "
+                        f"got {format_gib(reserved)}", "error"))
+    return out
+
+
+def _status_memory_problems(plan) -> list[tuple[str, str, str]]:
+    spec, out, seen = plan.spec, [], set()
+    for index, usage in enumerate(plan.status.memory):
+        where = f"status.memory[{index}]"
+        if usage.tier in seen:
+            out.append((f"{where}.tier", f"duplicate tier '{usage.tier}'", "error"))
+        seen.add(usage.tier)
+        budget_field = BUDGET_FIELD[usage.tier]
+        budget = getattr(spec.budgets, budget_field)
+        if usage.capacity_bytes != budget:
+            out.append((f"{where}.capacity_bytes", f"must equal spec.budgets.{budget_field} ({budget}), "
+                        f"got {usage.capacity_bytes}", "error"))
+        if usage.used_bytes > usage.capacity_bytes:
+            out.append((f"{where}.used_bytes", f"must not exceed capacity_bytes ({format_gib(usage.capacity_bytes)})"
+                        f", got {format_gib(usage.used_bytes)}", "error"))
+    return out
+
+
+def _status_time_problems(plan) -> list[tuple[str, str, str]]:
+    spec, predicted, out = plan.spec, plan.status.predicted, []
+    devices = {}
+    for group in spec.layer_groups:
+        for sub in group.sublayers:
+            devices[(group.name, sub.name)] = {"prefill": sub.prefill, "decode": sub.decode}
+    seen = set()
+    for index, item in enumerate(predicted.sublayers):
+        where = f"status.predicted.sublayers[{index}]"
+        if (item.group, item.name) not in devices:
+            out.append((where, f"names no sublayer of the plan: group '{item.group}' has no unit '{item.name}'",
+                        "error"))
+            continue
+        if (item.group, item.name, item.phase) in seen:
+            out.append((where, f"duplicate entry for group '{item.group}' unit '{item.name}' in {item.phase}",
+                        "error"))
+        seen.add((item.group, item.name, item.phase))
+        planned = devices[(item.group, item.name)][item.phase]
+        if item.device != planned:
+            out.append((f"{where}.device", f"must be '{planned}': spec places group '{item.group}' unit "
+                        f"'{item.name}' on '{planned}' in {item.phase}, got '{item.device}'", "error"))
+    work = spec.workload
+    total = predicted.prefill_seconds + predicted.decode_seconds
+    if not _close(predicted.total_seconds, total):
+        out.append(("status.predicted.total_seconds", f"must equal prefill_seconds + decode_seconds ({total:.6g}), "
+                    f"got {predicted.total_seconds:.6g}", "error"))
+    if predicted.total_seconds > 0:
+        rate = work.batch_size * work.gen_len / predicted.total_seconds
+        if not _close(predicted.tokens_per_second, rate):
+            out.append(("status.predicted.tokens_per_second", f"must equal batch_size × gen_len / total_seconds "
+                        f"({rate:.6g}), got {predicted.tokens_per_second:.6g}", "error"))
+    return out
+
+
+def validate_plan_file(path: str | Path):
+    """Read one plan file → (OffloadPlan or None, findings)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return None, [Finding(source, "", f"cannot read: {getattr(e, 'strerror', None) or e}")]
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        return None, [Finding(source, "", f"not valid YAML: {' '.join(str(e).split())}")]
+    return validate_document(doc, source)
+
+
+def validate_path(path: str | Path) -> tuple[list[str], list[Finding]]:
+    """A plan file or a sweep directory → (sources checked, findings)."""
+    from liac.artifacts import sweep
+
+    path = Path(path)
+    if path.is_dir():
+        return sweep.validate_sweep(path)
+    _, findings = validate_plan_file(path)
+    return [str(path)], findings
