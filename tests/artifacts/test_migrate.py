@@ -1,0 +1,170 @@
+"""Schema versioning: kept fixtures of older versions load; migrations are pure; random plans round-trip.
+
+Round trips (the Kubernetes rule: convert to another version and back without loss):
+  dataclass → YAML → dataclass is the identity for any valid plan (floats already at 6 significant digits, as
+  every writer produces them through liac.schema_tools.stable_float);
+  v1 → v1alpha1 (`_downgrade_to_v1alpha1` below, written independently of the migration) → v1 is the identity.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from artifact_plans import TINY_LLAMA, TINY_OPT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from liac.artifacts.migrate import MigrationError, migrate_v1alpha1_to_v1
+from liac.cli import main
+from liac.errors import LiacError
+from liac.models import SUBLAYERS
+from liac.models.config import ModelConfig
+from liac.plan import (API_VERSION, DEVICES, MIGRATIONS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
+                       Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
+                       SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, check_semantics, load_plan,
+                       parse_plan, plan_to_yaml)
+from liac.schema_tools import stable_float, to_data
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _downgrade_to_v1alpha1(doc: dict) -> dict:
+    """v1 → v1alpha1, the inverse of the migration, written from the v1alpha1 description alone."""
+    old = copy.deepcopy(doc)
+    old["apiVersion"] = "liac/v1alpha1"
+    for group in old["spec"]["layer_groups"]:
+        subs = group.pop("sublayers")
+        group["placement"] = {phase: {s["name"]: s[phase] for s in subs} for phase in ("prefill", "decode")}
+        group["weights"] = {s["name"]: s["weights"] for s in subs if s["weights"] != "none"}
+    return old
+
+
+def test_kept_v1alpha1_fixture_loads_as_the_kept_v1_plan():
+    old = load_plan(FIXTURES / "v1alpha1-tiny-opt.yaml")
+    new = load_plan(FIXTURES / "v1-tiny-opt.yaml")
+    assert old == new and old.apiVersion == API_VERSION
+    assert [s.name for s in old.spec.layer_groups[2].sublayers] == list(SUBLAYERS["opt"])  # execution order back
+
+
+def test_every_kept_fixture_validates(capsys):
+    files = sorted(FIXTURES.glob("*.yaml"))
+    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1"}
+    assert main(["validate", *map(str, files)]) == 0
+    assert capsys.readouterr().out.count(": OK (valid plan)") == len(files)
+
+
+def test_every_registered_version_has_a_kept_fixture():
+    versions = {yaml.safe_load(f.read_text())["apiVersion"] for f in FIXTURES.glob("*.yaml")}
+    assert versions == set(MIGRATIONS) | {API_VERSION}
+
+
+def test_migration_is_pure_and_chains_to_the_current_version():
+    doc = yaml.safe_load((FIXTURES / "v1alpha1-tiny-opt.yaml").read_text())
+    before = copy.deepcopy(doc)
+    out = migrate_v1alpha1_to_v1(doc)
+    assert doc == before  # input untouched
+    assert out["apiVersion"] == MIGRATIONS["liac/v1alpha1"][0] == "liac/v1"
+    version, steps = "liac/v1alpha1", 0
+    while version != API_VERSION:  # every registered chain ends at the current version
+        version = MIGRATIONS[version][0]
+        steps += 1
+        assert steps <= len(MIGRATIONS)
+
+
+def test_broken_old_document_names_the_old_path():
+    doc = yaml.safe_load((FIXTURES / "v1alpha1-tiny-opt.yaml").read_text())
+    del doc["spec"]["layer_groups"][2]["placement"]["decode"]["fc1"]
+    with pytest.raises(MigrationError) as raised:
+        migrate_v1alpha1_to_v1(doc)
+    assert (raised.value.path, raised.value.message) == ("spec.layer_groups[2].placement.decode.fc1",
+                                                         "required sublayer is missing")
+    with pytest.raises(LiacError) as raised:
+        parse_plan(doc, "old.yaml")
+    assert raised.value.line() == ("old.yaml: spec.layer_groups[2].placement.decode.fc1: required sublayer is missing "
+                                   "(while migrating from 'liac/v1alpha1')")
+    doc["spec"]["layer_groups"][2]["placement"]["decode"]["fc1"] = "cpu"
+    doc["spec"]["layer_groups"][2]["weights"]["fc7"] = "ddr"
+    with pytest.raises(MigrationError, match="unknown sublayer: must be one of 'qkv', 'attn_score'"):
+        migrate_v1alpha1_to_v1(doc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Random valid plans
+
+_NAMES = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
+_SECONDS = st.floats(min_value=0, max_value=1e5, allow_nan=False, allow_infinity=False).map(stable_float)
+_BYTES = st.integers(min_value=0, max_value=2**50)
+
+TINY_QWEN = ModelConfig(**{**TINY_LLAMA.to_dict(), "name": "tiny-qwen", "family": "qwen2", "qkv_bias": True})
+TINY_MIXTRAL = ModelConfig(**{**TINY_LLAMA.to_dict(), "name": "tiny-mixtral", "family": "mixtral", "num_experts": 4,
+                              "experts_top_k": 2})
+
+
+@st.composite
+def _units(draw, names, kv_tier):
+    out = []
+    for name in names:
+        prefill, decode = draw(st.sampled_from(DEVICES)), draw(st.sampled_from(DEVICES))
+        if name in ("attn_score", "attn_context"):
+            if kv_tier == "hbm":
+                decode = "gpu"
+            out.append(SublayerPlacement(name, prefill, decode, "none"))
+            continue
+        tiers = TIERS if "cpu" not in (prefill, decode) else ("ddr", "cxl")
+        out.append(SublayerPlacement(name, prefill, decode, draw(st.sampled_from(tiers))))
+    return tuple(out)
+
+
+@st.composite
+def valid_plans(draw):
+    base = draw(st.sampled_from([TINY_OPT, TINY_LLAMA, TINY_QWEN, TINY_MIXTRAL]))
+    cfg = base.with_layers(draw(st.integers(1, 6)), name=draw(_NAMES))
+    cuts = sorted(draw(st.sets(st.integers(1, cfg.num_layers - 1), max_size=3))) if cfg.num_layers > 1 else []
+    bounds = [0, *cuts, cfg.num_layers]
+    group_names = draw(st.lists(_NAMES, min_size=len(bounds) + 1, max_size=len(bounds) + 1, unique=True))
+    groups = [LayerGroup(group_names[0], "embed", 0, 1, "none", draw(_units(("embed",), "none")))]
+    for index, (first, end) in enumerate(zip(bounds, bounds[1:])):
+        kv = draw(st.sampled_from(TIERS))
+        groups.append(LayerGroup(group_names[index + 1], "decoder", first, end - first, kv,
+                                 draw(_units(SUBLAYERS[cfg.family], kv))))
+    groups.append(LayerGroup(group_names[-1], "head", 0, 1, "none", draw(_units(("lm_head",), "none"))))
+    spec = PlanSpec(ModelSpec(cfg.name, cfg.family, cfg.sha256(), cfg.to_dict()),
+                    HardwareSpec(draw(_NAMES), draw(st.from_regex("[0-9a-f]{64}", fullmatch=True))),
+                    Workload(draw(st.integers(1, 4096)), draw(st.integers(1, 10**5)), draw(st.integers(1, 4096)),
+                             draw(st.sampled_from(("latency", "throughput")))),
+                    Budgets(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
+                    TierBytes(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
+                    Execution(draw(st.integers(0, 4)), draw(_BYTES)), tuple(groups))
+    times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), draw(_SECONDS), draw(_SECONDS),
+                               draw(_SECONDS))
+                  for g in groups for s in g.sublayers for phase in ("prefill", "decode")
+                  if draw(st.booleans()))
+    status = PlanStatus(SolverReport(draw(_NAMES), draw(st.sampled_from(("optimal", "feasible", "fixed"))),
+                                     draw(_SECONDS), draw(_SECONDS)),
+                        Predicted(*(draw(_SECONDS) for _ in range(5)), times),
+                        tuple(TierUsage(t, draw(_BYTES), draw(_BYTES)) for t in TIERS))
+    return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(draw(_NAMES), draw(_NAMES)), spec, status)
+
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(valid_plans())
+def test_random_plans_round_trip_through_yaml(plan):
+    assert check_semantics(plan) == []
+    text = plan_to_yaml(plan)
+    again = parse_plan(yaml.safe_load(text), "fuzz")
+    assert again == plan
+    assert plan_to_yaml(again) == text  # and the file is byte-identical
+
+
+@_SETTINGS
+@given(valid_plans())
+def test_random_plans_round_trip_through_v1alpha1(plan):
+    doc = to_data(plan)
+    assert migrate_v1alpha1_to_v1(_downgrade_to_v1alpha1(doc)) == doc
+    assert parse_plan(_downgrade_to_v1alpha1(doc), "fuzz") == plan
