@@ -1,0 +1,132 @@
+"""`liac diff`: layer-by-layer semantic differences, exit codes like diff(1), sweep directories."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from artifact_plans import TINY_LLAMA, make_plan, replace_sub
+
+from liac.artifacts.diff import diff_plans, fold_layers
+from liac.cli import main
+from liac.plan import plan_to_yaml
+
+
+def _save(path, plan):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan_to_yaml(plan))
+    return path
+
+
+def _run(capsys, *args):
+    code = main(["diff", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def _recut(plan):
+    """The same placement with the offloaded range cut into two differently named groups."""
+    offload = plan.spec.layer_groups[2]
+    half = offload.layer_count // 2
+    groups = list(plan.spec.layer_groups)
+    groups[2:3] = [dataclasses.replace(offload, name="off-a", layer_count=half),
+                   dataclasses.replace(offload, name="off-b", first_layer=offload.first_layer + half,
+                                       layer_count=offload.layer_count - half)]
+    return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, layer_groups=tuple(groups)))
+
+
+def test_equal_plans_and_regrouped_plans_have_no_semantic_differences(tmp_path, capsys):
+    plan = make_plan()
+    a, b = _save(tmp_path / "a.yaml", plan), _save(tmp_path / "b.yaml", _recut(plan))
+    assert a.read_text() != b.read_text()
+    assert _run(capsys, a, a) == (0, ["no semantic differences"], "")
+    assert _run(capsys, a, b) == (0, ["no semantic differences"], "")
+
+
+def test_placement_tier_and_kv_moves_are_folded_into_layer_ranges(tmp_path, capsys):
+    before = make_plan(resident=2)
+    after = replace_sub(make_plan(resident=3), 2, "fc1", decode="gpu", weights="ddr")
+    after = replace_sub(after, 2, "qkv", prefill="cpu")
+    a, b = _save(tmp_path / "a.yaml", before), _save(tmp_path / "b.yaml", after)
+    code, lines, _ = _run(capsys, a, b)
+    assert code == 1
+    assert lines[:2] == [f"--- {a}", f"+++ {b}"]
+    assert [line for line in lines if not line.startswith("  predicted")][2:] == [
+        "  placement prefill: decoder layers 3..5: qkv: gpu → cpu",
+        "  placement decode: decoder layer 2: qkv, attn_score, attn_context, out_proj, fc1, fc2: cpu → gpu",
+        "  placement decode: decoder layers 3..5: fc1: cpu → gpu",
+        "  weights: decoder layer 2: qkv, out_proj, fc1, fc2: ddr → hbm",
+        "  kv_cache: decoder layer 2: ddr → hbm",
+    ]
+
+
+def test_predicted_changes_in_percent(tmp_path):
+    before, after = make_plan(), make_plan(seconds_scale=1.25)
+    changes = {c.subject: c for c in diff_plans(before, after).changes if c.section == "predicted"}
+    pa, pb = before.status.predicted, after.status.predicted
+    assert changes["total"].detail == f"{(pb.total_seconds / pa.total_seconds - 1) * 100:+.1f}%" == "+25.0%"
+    assert changes["tokens/s"].detail == "-20.0%"  # 1 / 1.25 − 1
+    assert changes["prefill"].old == f"{pa.prefill_seconds:.4g} s"
+
+
+def test_workload_budgets_memory_and_identity(tmp_path):
+    before = make_plan(TINY_LLAMA)
+    after = make_plan(TINY_LLAMA, batch=8, gpu_bytes=2 * 2**30)
+    after = dataclasses.replace(after, spec=dataclasses.replace(
+        after.spec, hardware=dataclasses.replace(after.spec.hardware, profile="other-hw")))
+    lines = [c.line() for c in diff_plans(before, after).changes if c.section != "predicted"]
+    assert lines == ["hardware: profile: test-hw → other-hw",
+                     "workload: batch_size: 1 → 8",
+                     "budgets: gpu_bytes: 1.0 GiB → 2.0 GiB (+100.0%)",
+                     "memory reserved: hbm_bytes: 512.0 MiB → 1.0 GiB (+100.0%)",
+                     "memory used: hbm: 256.0 MiB → 512.0 MiB (+100.0%)"]
+
+
+def test_sweep_directories_pair_by_file_name(tmp_path, capsys):
+    for name, batch in (("b1.yaml", 1), ("b8.yaml", 8)):
+        _save(tmp_path / "A" / name, make_plan(batch=batch))
+        _save(tmp_path / "B" / name, make_plan(batch=batch, resident=3 if batch == 8 else 2))
+    _save(tmp_path / "A" / "b64.yaml", make_plan(batch=64))
+    (tmp_path / "A" / "index.yaml").write_text("plans: []\n")  # never paired as a plan
+    code, lines, _ = _run(capsys, tmp_path / "A", tmp_path / "B")
+    assert code == 1
+    assert lines[:2] == [f"--- {tmp_path / 'A' / 'b8.yaml'}", f"+++ {tmp_path / 'B' / 'b8.yaml'}"]
+    assert lines[-1] == f"only in A: {tmp_path / 'A' / 'b64.yaml'}"
+    assert not any("b1.yaml" in line for line in lines)
+    (tmp_path / "A" / "b64.yaml").unlink()
+    _save(tmp_path / "B" / "b8.yaml", make_plan(batch=8))
+    assert _run(capsys, tmp_path / "A", tmp_path / "B") == (0, ["no semantic differences"], "")
+
+
+def test_json_output(tmp_path, capsys):
+    a = _save(tmp_path / "a.yaml", make_plan())
+    b = _save(tmp_path / "b.yaml", make_plan(batch=2))
+    assert main(["diff", "--format", "json", str(a), str(b)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["different"] is True and doc["only_in_a"] == []
+    assert {"section": "workload", "subject": "batch_size", "old": "1", "new": "2", "detail": ""} in \
+        doc["plans"][0]["changes"]
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    a = _save(tmp_path / "a.yaml", make_plan())
+    assert _run(capsys, a, tmp_path) == (2, [], f"liac diff: diff: must compare two plan files or two sweep "
+                                                f"directories, got '{a}' and '{tmp_path}'\n")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("apiVersion: liac/v1\n")
+    code, lines, err = _run(capsys, a, broken)
+    assert code == 2 and lines == [] and err.count("\n") == 1 and err.startswith(f"liac diff: {broken}: ")
+
+
+def test_fold_layers_keeps_classes_apart_and_breaks_on_gaps_and_changes():
+    folded = fold_layers({("embed", 0): "x", ("decoder", 0): "x", ("decoder", 1): "x", ("decoder", 2): "y",
+                          ("decoder", 4): "y", ("head", 0): "x"})
+    assert folded == [("embed", "x"), ("decoder layers 0..1", "x"), ("decoder layer 2", "y"),
+                      ("decoder layer 4", "y"), ("head", "x")]
+
+
+def test_different_models_report_identity_not_layers():
+    other = make_plan(TINY_LLAMA)
+    changes = diff_plans(make_plan(), other).changes
+    sections = {c.section for c in changes}
+    assert "model" in sections and not sections & {"placement prefill", "placement decode", "weights", "kv_cache"}
