@@ -1,16 +1,87 @@
-"""`liac compile` (not yet implemented)."""
+"""`liac compile`: model + hardware profile + workload points → offload plans (one YAML per point, index.yaml).
+
+    liac compile --model opt-175b --hw spr-h100 --batch 1..256 -o plans/opt-175b
+"""
 
 from __future__ import annotations
 
-from liac.errors import LiacError
+import sys
 
-__all__ = ["register"]
+from liac.plan import OBJECTIVES
+
+__all__ = ["register", "run", "summary_table"]
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("compile", help="(not yet implemented)")
+    parser = sub.add_parser("compile", help="compile offload plans (placement ILP over a hardware profile)",
+                            description="Compile one offload plan per batch size; a sweep writes a directory with "
+                                        "index.yaml.")
+    parser.add_argument("--model", required=True, help="zoo name, config.json, or checkpoint directory")
+    parser.add_argument("--hw", default=None, help="hardware profile: shipped name (see docs/compile.md) or a "
+                                                   "YAML file (default: h200-amx16)")
+    parser.add_argument("--batch", default="1", help="'1..256' (powers of two), '1,8,64', or one number")
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default 128)")
+    parser.add_argument("--gen-len", type=int, default=32, help="generated tokens per sequence (default 32)")
+    parser.add_argument("--gpu-mem", default=None, help="GPU budget, e.g. 24GiB (default: HBM minus the "
+                                                        "profile's reserve)")
+    parser.add_argument("--cpu-mem", default=None, help="host DDR budget (default: DDR minus the reserve)")
+    parser.add_argument("--cxl-mem", default=None, help="CXL budget (default: the profile's CXL capacity)")
+    parser.add_argument("--objective", default="latency", choices=OBJECTIVES,
+                        help="latency: prefill + all decode steps; throughput: the same per point, and the index "
+                             "names the batch with the most tokens/s")
+    parser.add_argument("--policy", default=None, help="fixed policy instead of the optimum: lia-cpu, lia-partial, "
+                                                       "lia-gpu, lia, or PREFILL/DECODE (e.g. lia-gpu/lia-cpu)")
+    parser.add_argument("--solver", default="auto", choices=("auto", "cbc", "highs"))
+    parser.add_argument("--prefetch-depth", type=int, default=1, help="layers of streamed weights staged ahead "
+                                                                      "(default 1: double buffering)")
+    parser.add_argument("-o", "--output", required=True, help="directory (sweep) or .yaml file (one point)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    raise LiacError("compile", "not implemented yet")
+    from liac.api import DEFAULT_PROFILE, compile_plans, parse_batches, parse_bytes, write_plans
+
+    sizes = {name: parse_bytes(value, f"--{name.replace('_', '-')}") if value is not None else None
+             for name, value in (("gpu_mem", args.gpu_mem), ("cpu_mem", args.cpu_mem), ("cxl_mem", args.cxl_mem))}
+    result = compile_plans(args.model, args.hw or DEFAULT_PROFILE, batches=parse_batches(args.batch),
+                           prompt_len=args.prompt_len, gen_len=args.gen_len, objective=args.objective,
+                           policy=args.policy, solver=args.solver, prefetch_depth=args.prefetch_depth, **sizes)
+    written = write_plans(result, args.output)
+    sys.stdout.write(summary_table(result))
+    where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + index.yaml)"
+    sys.stdout.write(f"wrote {where}\n")
+    return 0
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f}"
+
+
+def summary_table(result) -> str:
+    """One row per point: batch, placements per phase, predicted seconds, tokens/s, GiB per tier."""
+    from liac.api import policy_summary
+
+    header = ("batch", "prefill policy", "decode policy", "prefill s", "decode s/tok", "tokens/s", "HBM GiB",
+              "DDR GiB", "CXL GiB")
+    rows = []
+    for point in result.points:
+        plan = point.plan
+        predicted = plan.status.predicted
+        memory = {u.tier: u.used_bytes for u in plan.status.memory}
+        rows.append((str(plan.spec.workload.batch_size), policy_summary(plan, "prefill"),
+                     policy_summary(plan, "decode"), f"{predicted.prefill_seconds:.3g}",
+                     f"{predicted.decode_seconds_per_token:.3g}", f"{predicted.tokens_per_second:.3g}",
+                     _gib(memory["hbm"]), _gib(memory["ddr"]), _gib(memory["cxl"])))
+    for batch, reason in result.infeasible:
+        rows.append((str(batch), "infeasible: " + reason, "", "", "", "", "", "", ""))
+    widths = [max(len(h), *(len(r[i]) for r in rows if not r[1].startswith("infeasible"))) if rows else len(h)
+              for i, h in enumerate(header)]
+    lines = [f"{result.model} on {result.profile} ({result.objective}, policy {result.policy}); "
+             f"policy letters per decoder unit: C = CPU, G = GPU"]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        if row[1].startswith("infeasible"):
+            lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
+        else:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    return "\n".join(lines) + "\n"

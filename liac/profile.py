@@ -1,0 +1,202 @@
+"""`HardwareProfile`: what the cost model knows about one machine (GPU, CPU with AMX, memory tiers, PCIe).
+
+A profile is a YAML file with the fields of `HardwareProfile`, loaded with path-named errors
+(`liac.schema_tools.from_data`). Rates are in GB/s (10⁹ bytes per second), capacities in GiB (2³⁰ bytes),
+throughputs in TFLOP/s (10¹² FLOP/s), times in seconds unless a name says otherwise. Every number says where it
+comes from (`sources`, field name → text) and which numbers are estimates rather than measurements (`estimates`).
+
+Shipped profiles live in `liac/profiles/<name>.yaml` (package data); `resolve_profile` takes a shipped name
+(`spr-h100`), a path to a user's file (`--hw my.yaml`), or a bare file name whose stem is a shipped profile
+(`spr-h100.yaml`). `sha256()` hashes the canonical form, so a plan records exactly which numbers it was built on.
+
+    from liac.profile import resolve_profile
+    hw = resolve_profile("spr-h100")
+    hw.cpu_tflops_at(16)   # AMX throughput for a 16-row GEMM, interpolated in log M
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from liac.errors import LiacError
+from liac.schema_tools import from_data, spec_field, to_data
+
+__all__ = ["CurvePoint", "HardwareProfile", "GB", "GIB", "load_profile", "parse_profile", "resolve_profile",
+           "profile_names"]
+
+GB = 10**9  # rates: GB/s
+GIB = 2**30  # capacities: GiB
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One measured (or estimated) point of a throughput curve over GEMM rows M."""
+
+    m: int = spec_field("GEMM rows (tokens multiplied by the weight at once)", minimum=1)
+    tflops: float = spec_field("bf16 TFLOP/s reached at this M", minimum=0)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine, as the cost model sees it (see docs/cost-model.md for how each number is used)."""
+
+    name: str = spec_field("profile name (the file stem for shipped profiles)")
+    description: str = spec_field("what machine this is")
+    # GPU
+    gpu_bf16_tflops: float = spec_field("GPU dense bf16 GEMM throughput, TFLOP/s", minimum=0)
+    gpu_hbm_gb_per_s: float = spec_field("GPU HBM bandwidth, GB/s", minimum=0)
+    gpu_hbm_gib: float = spec_field("GPU memory capacity, GiB", minimum=0)
+    gpu_reserve_gib: float = spec_field("GPU memory kept out of the default budget (CUDA context, allocator "
+                                        "fragmentation), GiB", minimum=0)
+    gpu_launch_seconds: float = spec_field("GPU kernel launch overhead per kernel, s", minimum=0)
+    # CPU
+    cpu_amx_bf16_tflops: tuple[CurvePoint, ...] = spec_field("CPU AMX bf16 GEMM throughput over GEMM rows M "
+                                                             "(interpolated in log M, clamped at the ends)")
+    cpu_ddr_read_gb_per_s: float = spec_field("CPU reading weights from DDR (GEMV over large weights), GB/s",
+                                              minimum=0)
+    cpu_kv_read_gb_per_s: float = spec_field("CPU decode attention reading a KV cache in DDR, GB/s", minimum=0)
+    cpu_ddr_gib: float = spec_field("host DDR capacity, GiB", minimum=0)
+    cpu_reserve_gib: float = spec_field("DDR kept out of the default budget (OS, runtime, pinned buffers), GiB",
+                                        minimum=0)
+    cpu_launch_seconds: float = spec_field("CPU kernel (oneDNN primitive) overhead per kernel, s", minimum=0)
+    ddr_shared_gb_per_s: float = spec_field("DDR bytes/s served in total when the CPU reads DDR while PCIe DMA "
+                                            "reads DDR too", minimum=0)
+    # CXL (all zero when the machine has none)
+    cxl_gb_per_s: float = spec_field("CPU reading CXL memory, GB/s (0 without CXL)", minimum=0)
+    cxl_gib: float = spec_field("CXL memory capacity, GiB (0 without CXL)", minimum=0)
+    cxl_latency_ns: float = spec_field("latency CXL adds over DDR, ns", minimum=0)
+    # PCIe
+    pcie_h2d_gb_per_s: float = spec_field("pinned host-to-device copy, GB/s", minimum=0)
+    pcie_d2h_gb_per_s: float = spec_field("pinned device-to-host copy, GB/s", minimum=0)
+    pcie_bidir_gb_per_s: float = spec_field("both directions at once, total GB/s", minimum=0)
+    pcie_latency_seconds: float = spec_field("fixed cost of one transfer, s", minimum=0)
+    # Provenance
+    sources: dict = spec_field("field name → where its number comes from")
+    estimates: tuple[str, ...] = spec_field("fields whose numbers are estimates, not measurements")
+
+    def cpu_tflops_at(self, m: float) -> float:
+        """AMX bf16 TFLOP/s for a GEMM of `m` rows: piecewise linear in log M between the curve's points."""
+        points = self.cpu_amx_bf16_tflops
+        if m <= points[0].m:
+            return points[0].tflops
+        for low, high in zip(points, points[1:]):
+            if m <= high.m:
+                frac = (math.log(m) - math.log(low.m)) / (math.log(high.m) - math.log(low.m))
+                return low.tflops + frac * (high.tflops - low.tflops)
+        return points[-1].tflops
+
+    @property
+    def gpu_budget_bytes(self) -> int:
+        """Default `--gpu-mem`: HBM capacity minus the reserve."""
+        return max(0, int((self.gpu_hbm_gib - self.gpu_reserve_gib) * GIB))
+
+    @property
+    def cpu_budget_bytes(self) -> int:
+        """Default `--cpu-mem`: DDR capacity minus the reserve."""
+        return max(0, int((self.cpu_ddr_gib - self.cpu_reserve_gib) * GIB))
+
+    @property
+    def cxl_budget_bytes(self) -> int:
+        """Default `--cxl-mem`: the whole CXL capacity."""
+        return int(self.cxl_gib * GIB)
+
+    def canonical(self) -> dict:
+        """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write."""
+        return to_data(self)
+
+    def sha256(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Rates that a division uses: zero would mean "infinitely slow", which no real machine has.
+_POSITIVE = ("gpu_bf16_tflops", "gpu_hbm_gb_per_s", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s",
+             "ddr_shared_gb_per_s", "pcie_h2d_gb_per_s", "pcie_d2h_gb_per_s", "pcie_bidir_gb_per_s")
+
+
+def parse_profile(data, source: str) -> HardwareProfile:
+    """Plain data (parsed YAML) → validated HardwareProfile; the first problem raises a path-named LiacError."""
+    profile = from_data(HardwareProfile, data, source)
+    for name in _POSITIVE:
+        if getattr(profile, name) <= 0:
+            raise LiacError(source, f"must be greater than 0, got {getattr(profile, name)!r}", path=name)
+    points = profile.cpu_amx_bf16_tflops
+    if not points:
+        raise LiacError(source, "must list at least one point", path="cpu_amx_bf16_tflops")
+    for index, (low, high) in enumerate(zip(points, points[1:])):
+        if high.m <= low.m:
+            raise LiacError(source, f"must be sorted by strictly increasing 'm' ({high.m} after {low.m})",
+                            path=f"cpu_amx_bf16_tflops[{index + 1}].m")
+    for index, point in enumerate(points):
+        if point.tflops <= 0:
+            raise LiacError(source, f"must be greater than 0, got {point.tflops!r}",
+                            path=f"cpu_amx_bf16_tflops[{index}].tflops")
+    if profile.cxl_gib > 0 and profile.cxl_gb_per_s <= 0:
+        raise LiacError(source, "must be greater than 0 when 'cxl_gib' is greater than 0", path="cxl_gb_per_s")
+    known = {f.name for f in fields(HardwareProfile)} - {"sources", "estimates", "name", "description"}
+    for key, text in profile.sources.items():
+        if key not in known:
+            raise LiacError(source, f"unknown field '{key}': keys must name numeric fields of the profile",
+                            path=f"sources.{key}")
+        if not isinstance(text, str) or not text.strip():
+            raise LiacError(source, "must be a non-empty string", path=f"sources.{key}")
+    missing = sorted(known - set(profile.sources))
+    if missing:
+        raise LiacError(source, f"must say where '{missing[0]}' comes from", path="sources")
+    for index, key in enumerate(profile.estimates):
+        if key not in known:
+            raise LiacError(source, f"unknown field '{key}': must name a numeric field of the profile",
+                            path=f"estimates[{index}]")
+    return profile
+
+
+def load_profile(path: str | os.PathLike) -> HardwareProfile:
+    """Read and validate a profile file (YAML, safe_load)."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
+    return _parse_text(text, source)
+
+
+def _parse_text(text: str, source: str) -> HardwareProfile:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LiacError(source, f"not valid YAML: {' '.join(str(e).split())}") from e
+    return parse_profile(data, source)
+
+
+def profile_names() -> list[str]:
+    """Names of the shipped profiles."""
+    folder = resources.files("liac") / "profiles"
+    return sorted(entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+
+
+def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
+    """A shipped profile name, a path to a profile file, or a bare file name of a shipped profile.
+
+    Raises:
+        LiacError: unknown name (listing the shipped ones), unreadable or invalid file.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return load_profile(path)
+    stem = path.stem if path.suffix in (".yaml", ".yml") and path.name == str(name_or_path) else str(name_or_path)
+    shipped = profile_names()
+    if stem in shipped:
+        entry = resources.files("liac") / "profiles" / f"{stem}.yaml"
+        return _parse_text(entry.read_text(), f"liac/profiles/{stem}.yaml")
+    if path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
+        raise LiacError(source, f"file '{name_or_path}' does not exist")
+    raise LiacError(source, f"unknown hardware profile '{name_or_path}': must be a profile file or one of "
+                    + ", ".join(f"'{n}'" for n in shipped))
