@@ -12,17 +12,18 @@ from typing import Any
 
 import yaml
 
-__all__ = ["INDEX_NAME", "plan_files", "load_sweep", "validate_sweep", "read_index"]
+__all__ = ["INDEX_NAME", "CATALOG_NAME", "plan_files", "load_sweep", "validate_sweep", "read_index"]
 
-INDEX_NAME = "index.yaml"
+INDEX_NAME = "index.yaml"  # a sweep's summary, written by `liac compile`
+CATALOG_NAME = "sweeps.yaml"  # in a directory of sweeps: every model × hardware tried, with why when infeasible
 
 
 def plan_files(directory: str | Path) -> list[Path]:
-    """Plan files of a sweep directory (every *.yaml but index.yaml and hidden temp files), sorted by name."""
+    """Plan files of a sweep directory (every *.yaml but index.yaml, sweeps.yaml and hidden temp files), by name."""
     directory = Path(directory)
     return sorted(p for p in directory.iterdir()
-                  if p.suffix in (".yaml", ".yml") and p.name != INDEX_NAME and not p.name.startswith(".")
-                  and p.is_file())
+                  if p.suffix in (".yaml", ".yml") and p.name not in (INDEX_NAME, CATALOG_NAME)
+                  and not p.name.startswith(".") and p.is_file())
 
 
 def read_index(directory: str | Path) -> tuple[Any, list[tuple[str, str]]]:
