@@ -1,0 +1,262 @@
+"""Measure the host liac runs on: the numbers a `HardwareProfile` holds.
+
+Every measurement reads data larger than the caches (weights rotated over several GiB by default), warms up
+first, repeats and takes the median. With CUDA it also measures PCIe (pinned H2D, D2H, both at once), the GPU's
+bf16 GEMM rate and HBM bandwidth, and the *concurrent* rate: the CPU reading DDR (GEMV) while DMA copies host
+memory to the GPU — the number that says whether splitting a sublayer across both paths pays.
+
+    from liac.probe import ProbeSizes, measure_host
+    numbers = measure_host(ProbeSizes.full(), progress=print)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["ProbeSizes", "Measurements", "measure_host", "GEMM_ROWS"]
+
+GIB = 2**30
+GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
+
+
+@dataclass(frozen=True)
+class ProbeSizes:
+    """How much data each measurement touches (bytes) and how often it repeats."""
+
+    weight_bytes: int  # one GEMV weight matrix; several are rotated so caches do not help
+    rotate_bytes: int  # total bytes rotated over for bandwidth measurements
+    gemm_k: int  # inner/outer dimension of the square weights of the GEMM curve
+    copy_bytes: int  # one PCIe / HBM transfer
+    repeats: int
+
+    @staticmethod
+    def full() -> "ProbeSizes":
+        return ProbeSizes(weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=5)
+
+    @staticmethod
+    def quick() -> "ProbeSizes":
+        """Small sizes for tests and a first look (numbers are optimistic: caches help)."""
+        mib = 2**20
+        return ProbeSizes(weight_bytes=16 * mib, rotate_bytes=48 * mib, gemm_k=512, copy_bytes=16 * mib, repeats=2)
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Raw numbers, in the profile's units (TFLOP/s, GB/s, s). GPU fields are None without CUDA."""
+
+    cpu_threads: int
+    cpu_gemm_tflops: tuple[tuple[int, float], ...]  # (M, TFLOP/s)
+    cpu_gemv_gb_per_s: float  # best small-M kernel reading weights
+    cpu_gemv_kernel: str  # 'F.linear' or 'torch.mv'
+    cpu_kv_read_gb_per_s: float  # decode attention (SDPA) over a bf16 cache
+    cpu_launch_seconds: float
+    gpu_bf16_tflops: float | None = None
+    gpu_hbm_gb_per_s: float | None = None
+    gpu_launch_seconds: float | None = None
+    pcie_h2d_gb_per_s: float | None = None
+    pcie_d2h_gb_per_s: float | None = None
+    pcie_bidir_gb_per_s: float | None = None
+    pcie_latency_seconds: float | None = None
+    concurrent_cpu_gb_per_s: float | None = None  # CPU GEMV while H2D runs
+    concurrent_h2d_gb_per_s: float | None = None  # H2D while the CPU reads
+    gpu_hbm_gib: float | None = None
+    cpu_ddr_gib: float = 0.0
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    fn()
+    sync()  # warm-up (kernel selection, page faults)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _rotated_weights(rows: int, cols: int, total_bytes: int) -> list[torch.Tensor]:
+    one = rows * cols * 2
+    count = max(2, -(-total_bytes // one))
+    return [torch.randn(rows, cols, dtype=torch.bfloat16) * 0.02 for _ in range(count)]
+
+
+def _gemv_rate(weights: list[torch.Tensor], kernel: str, repeats: int) -> float:
+    x = torch.randn(weights[0].shape[1], dtype=torch.bfloat16)
+    x2 = x[None, :]
+
+    def run():
+        for w in weights:
+            if kernel == "torch.mv":
+                torch.mv(w, x)
+            else:
+                F.linear(x2, w)
+
+    seconds = _median_seconds(run, repeats)
+    return sum(w.numel() * 2 for w in weights) / seconds / 1e9
+
+
+def _gemm_curve(k: int, rotate_bytes: int, repeats: int) -> list[tuple[int, float]]:
+    weights = _rotated_weights(k, k, rotate_bytes)
+    curve = []
+    for m in GEMM_ROWS:
+        x = torch.randn(m, k, dtype=torch.bfloat16)
+        # small M reads every weight (memory-bound); large M is compute-bound, one weight suffices
+        ws = weights if m < 128 else weights[:1]
+
+        def run(ws=ws, x=x):
+            for w in ws:
+                F.linear(x, w)
+
+        seconds = _median_seconds(run, repeats)
+        curve.append((m, 2.0 * m * k * k * len(ws) / seconds / 1e12))
+    return curve
+
+
+def _kv_read_rate(total_bytes: int, repeats: int) -> float:
+    heads, head_dim = 32, 128
+    per_token = 2 * heads * head_dim * 2  # K and V, bf16
+    batch = 8
+    ctx = max(64, total_bytes // (per_token * batch))
+    k = torch.randn(batch, heads, ctx, head_dim, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, heads, 1, head_dim, dtype=torch.bfloat16)
+    seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v), repeats)
+    return (k.numel() + v.numel()) * 2 / seconds / 1e9
+
+
+def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
+    x = torch.ones(16, device=device)
+    n = 2000
+
+    def run():
+        for _ in range(n):
+            x.add_(1.0)
+
+    return _median_seconds(run, 3, sync) / n
+
+
+def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
+    cuda = torch.device("cuda")
+    sync = torch.cuda.synchronize
+    out = {}
+    step("GPU bf16 GEMM")
+    n = 8192 if sizes.gemm_k >= 4096 else 1024
+    a = torch.randn(n, n, device=cuda, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=cuda, dtype=torch.bfloat16)
+    out["gpu_bf16_tflops"] = 2 * n**3 / _median_seconds(lambda: a @ b, 10, sync) / 1e12
+    del a, b
+    step("HBM bandwidth")
+    src = torch.empty(sizes.copy_bytes * 2, dtype=torch.uint8, device=cuda)
+    dst = torch.empty_like(src)
+    out["gpu_hbm_gb_per_s"] = 2 * src.numel() / _median_seconds(lambda: dst.copy_(src), 10, sync) / 1e9
+    del src, dst
+    out["gpu_launch_seconds"] = _launch_seconds("cuda", sync)
+    out["gpu_hbm_gib"] = torch.cuda.get_device_properties(0).total_memory / GIB
+
+    step("PCIe copies")
+    host = torch.empty(sizes.copy_bytes, dtype=torch.uint8).pin_memory()
+    host2 = torch.empty_like(host).pin_memory()
+    dev = torch.empty(sizes.copy_bytes, dtype=torch.uint8, device=cuda)
+    dev2 = torch.empty_like(dev)
+    out["pcie_h2d_gb_per_s"] = host.numel() / _median_seconds(
+        lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / 1e9
+    out["pcie_d2h_gb_per_s"] = host.numel() / _median_seconds(
+        lambda: host2.copy_(dev2, non_blocking=True), sizes.repeats, sync) / 1e9
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def both():
+        with torch.cuda.stream(up):
+            dev.copy_(host, non_blocking=True)
+        with torch.cuda.stream(down):
+            host2.copy_(dev2, non_blocking=True)
+
+    out["pcie_bidir_gb_per_s"] = 2 * host.numel() / _median_seconds(both, sizes.repeats, sync) / 1e9
+    small_h, small_d = torch.empty(4096, dtype=torch.uint8).pin_memory(), torch.empty(4096, dtype=torch.uint8,
+                                                                                        device=cuda)
+    out["pcie_latency_seconds"] = _median_seconds(lambda: small_d.copy_(small_h, non_blocking=True), 50, sync)
+    del host2, dev2
+
+    step("CPU reads while PCIe copies")
+    weights = _rotated_weights(sizes.gemm_k, max(1, sizes.weight_bytes // (sizes.gemm_k * 2)), sizes.rotate_bytes)
+    copies = max(4, -(-sizes.rotate_bytes // host.numel()))
+    cpu_rate, h2d_rate = _concurrent(weights, host, dev, copies, sizes.repeats)
+    out["concurrent_cpu_gb_per_s"], out["concurrent_h2d_gb_per_s"] = cpu_rate, h2d_rate
+    return out
+
+
+def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, float]:
+    """CPU GEMV over `weights` while `copies` H2D copies of `host` run; both rates over the overlapped window."""
+    stream = torch.cuda.Stream()
+    x = torch.randn(1, weights[0].shape[1], dtype=torch.bfloat16)
+    cpu_rates, h2d_rates = [], []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        done = torch.cuda.Event()
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start_event.record(stream)
+            for _ in range(copies):
+                dev.copy_(host, non_blocking=True)
+            end_event.record(stream)
+            done.record(stream)
+        start = time.perf_counter()
+        read = 0
+        while not done.query():  # keep the CPU reading as long as the copies run
+            for w in weights:
+                F.linear(x, w)
+                read += w.numel() * 2
+        cpu_seconds = time.perf_counter() - start
+        torch.cuda.synchronize()
+        cpu_rates.append(read / cpu_seconds / 1e9)
+        h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / 1e9)
+    return statistics.median(cpu_rates), statistics.median(h2d_rates)
+
+
+def _ddr_gib() -> float:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 0.0
+
+
+def measure_host(sizes: ProbeSizes, progress: Callable[[str], None] | None = None,
+                 use_gpu: bool | None = None) -> Measurements:
+    """Run every measurement this host supports; `progress` is called with the name of each step."""
+    steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU launch"]
+    gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
+    if gpu:
+        steps += ["GPU bf16 GEMM", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
+    done = [0]
+
+    def step(name: str) -> None:
+        done[0] += 1
+        if progress:
+            progress(f"[{done[0]}/{len(steps)}] {name}")
+
+    step("CPU GEMM curve")
+    curve = _gemm_curve(sizes.gemm_k, sizes.rotate_bytes, sizes.repeats)
+    step("CPU GEMV")
+    weights = _rotated_weights(sizes.gemm_k, max(1, sizes.weight_bytes // (sizes.gemm_k * 2)), sizes.rotate_bytes)
+    rates = {kernel: _gemv_rate(weights, kernel, sizes.repeats) for kernel in ("F.linear", "torch.mv")}
+    kernel = max(rates, key=rates.get)
+    del weights
+    step("CPU decode attention")
+    kv = _kv_read_rate(sizes.weight_bytes, sizes.repeats)
+    step("CPU launch")
+    cpu_launch = _launch_seconds("cpu", lambda: None)
+    gpu_numbers = _gpu_numbers(sizes, step) if gpu else {}
+    return Measurements(cpu_threads=torch.get_num_threads(), cpu_gemm_tflops=tuple(curve),
+                        cpu_gemv_gb_per_s=rates[kernel], cpu_gemv_kernel=kernel, cpu_kv_read_gb_per_s=kv,
+                        cpu_launch_seconds=cpu_launch, cpu_ddr_gib=_ddr_gib(), **gpu_numbers)
+

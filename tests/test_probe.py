@@ -1,0 +1,44 @@
+"""`liac profile`: measures this host and writes a profile that loads and that `liac compile` accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from liac.cli import main
+from liac.profile import load_profile, resolve_profile
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile") / "host.yaml"
+    assert main(["profile", "--quick", "--no-gpu", "-o", str(out)]) == 0
+    return out
+
+
+def test_profile_loads_and_records_what_was_measured(measured):
+    profile = load_profile(measured)
+    base = resolve_profile("h200-amx16")
+    assert profile.name == "host"
+    # measured on this host: the CPU numbers carry 'liac profile' as their source and are not estimates
+    for field in ("cpu_amx_bf16_tflops", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s"):
+        assert profile.sources[field].startswith("liac profile"), field
+        assert field not in profile.estimates
+    assert [p.m for p in profile.cpu_amx_bf16_tflops] == [1, 16, 32, 64, 128, 256, 1024]
+    assert all(p.tflops > 0 for p in profile.cpu_amx_bf16_tflops)
+    # not measured without a GPU: taken from the base profile, and flagged as estimates
+    assert profile.pcie_h2d_gb_per_s == base.pcie_h2d_gb_per_s
+    assert "pcie_h2d_gb_per_s" in profile.estimates
+    assert "from base profile 'h200-amx16'" in profile.sources["pcie_h2d_gb_per_s"]
+
+
+def test_measured_profile_compiles(measured, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "--gpu-mem", "1GiB",
+                 "-o", str(out)]) == 0
+    assert out.read_text().count("profile: host") == 1
+
+
+def test_output_must_be_yaml(tmp_path, capsys):
+    assert main(["profile", "--quick", "--no-gpu", "-o", str(tmp_path / "host.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"liac profile: --output: must end in '.yaml' or '.yml', got '{tmp_path / 'host.txt'}'"]
