@@ -1,0 +1,170 @@
+"""Cost model: prices of a tiny Linear and an attention block against hand arithmetic, transfers, KV, MoE, JSON."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hand_graphs import hand_graph
+
+from liac.models.config import ModelConfig
+from liac.passes.costs import (CostGraph, TierBudgets, Workload, annotate_costs, experts_touched, layer_seconds)
+from liac.profile import resolve_profile
+
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+                   head_dim=16, ffn_dim=256, vocab_size=100, max_position=64, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
+HW = resolve_profile("spr-h100-cxl")
+BUDGETS = TierBudgets(10**12, 10**12, 10**12)
+D, F, H, V = 64, 256, 4, 100
+GB = 1e9
+
+
+def costs_for(batch=2, prompt=8, gen=4, hw=HW):
+    return annotate_costs(hand_graph(TINY), hw, Workload(batch, prompt, gen), BUDGETS)
+
+
+def unit(costs, layer_class, phase, name):
+    cls = costs.layer_class(layer_class)
+    return cls.phase(phase).units[cls.units.index(name)]
+
+
+def roof_gpu(flops, nbytes):
+    return max(flops / (HW.gpu_bf16_tflops * 1e12), nbytes / (HW.gpu_hbm_gb_per_s * GB)) + HW.gpu_launch_seconds
+
+
+def test_fc1_decode_on_both_devices_by_hand():
+    """fc1 = ffn_norm + fc1 linear + ReLU, decode step at B=2 (M = 2 rows)."""
+    B = 2
+    costs = costs_for(batch=B)
+    fc1 = unit(costs, "decoder", "decode", "fc1")
+    x, h = B * D * 2, B * F * 2  # activation bytes in and out of the linear
+    norm_w, lin_w = 2 * D * 2, (F * D + F) * 2
+    gpu = (roof_gpu(5 * B * D, norm_w + 2 * x) + roof_gpu(2 * B * D * F, lin_w + x + h)
+           + roof_gpu(B * F, 2 * h))
+    assert fc1.gpu_seconds[0] == pytest.approx(gpu, rel=1e-12)
+    # AMX at M=2: between the (1, 0.4) and (16, 6.4) TFLOP/s points, a quarter of the way in log M
+    amx = (0.4 + math.log(2) / math.log(16) * 6.0) * 1e12
+    ddr, cxl, lam = HW.cpu_ddr_read_gb_per_s * GB, HW.cxl_gb_per_s * GB, HW.cpu_launch_seconds
+
+    def cpu(weight_rate):
+        return (max(5 * B * D / amx, norm_w / weight_rate + 2 * x / ddr) + lam
+                + max(2 * B * D * F / amx, lin_w / weight_rate + (x + h) / ddr) + lam
+                + max(B * F / amx, 2 * h / ddr) + lam)
+
+    tiers = ("hbm", "ddr", "cxl")
+    assert fc1.cpu_seconds[tiers.index("ddr")][0] == pytest.approx(cpu(ddr), rel=1e-12)
+    assert fc1.cpu_seconds[tiers.index("cxl")][0] == pytest.approx(cpu(cxl), rel=1e-12)
+    assert not fc1.cpu_allows_hbm
+    # streamed when the GPU computes it with its weights off HBM: all of the unit's weights, each step
+    assert fc1.stream_bytes == (norm_w + lin_w,) * 3
+
+
+def test_attention_decode_reads_the_growing_cache():
+    """attn_score (q·Kᵀ + softmax) at decode step t reads K of C = L + t + 1 tokens from the KV tier."""
+    B, L = 2, 8
+    costs = costs_for(batch=B, prompt=L, gen=4)
+    score = unit(costs, "decoder", "decode", "attn_score")
+    assert len(score.gpu_seconds) == 3  # gen_len 4: the prefill gives token 1, three decode steps the rest
+    kv_rate, ddr = HW.cpu_kv_read_gb_per_s * GB, HW.cpu_ddr_read_gb_per_s * GB
+    amx1 = 0.4e12  # M = Q = 1
+    for step, C in enumerate(range(L + 1, L + 4)):
+        q, k, p = B * D * 2, B * C * D * 2, B * H * C * 2
+        cpu = (max(2 * B * C * D / amx1, k / kv_rate + (q + p) / ddr) + HW.cpu_launch_seconds
+               + max(5 * B * H * C / amx1, 2 * p / ddr) + HW.cpu_launch_seconds)
+        assert score.cpu_seconds[1][step] == pytest.approx(cpu, rel=1e-12)
+        gpu = roof_gpu(2 * B * C * D, k + q + p) + roof_gpu(5 * B * H * C, 2 * p)
+        assert score.gpu_seconds[step] == pytest.approx(gpu, rel=1e-12)
+        assert score.stream_bytes[step] == k  # a GPU attention over a DDR cache streams K each step
+    # KV in CXL: the CPU reads it at the CXL rate (LIA observation 2)
+    C = L + 1
+    cxl_cpu = (max(2 * B * C * D / amx1, B * C * D * 2 / (HW.cxl_gb_per_s * GB) + (B * D * 2 + B * H * C * 2) / ddr)
+               + HW.cpu_launch_seconds + max(5 * B * H * C / amx1, 2 * B * H * C * 2 / ddr) + HW.cpu_launch_seconds)
+    assert score.cpu_seconds[2][0] == pytest.approx(cxl_cpu, rel=1e-12)
+    assert not score.cpu_allows_hbm  # decode attention on the CPU needs the cache off HBM
+    assert unit(costs, "decoder", "prefill", "attn_score").cpu_allows_hbm  # prefill reads fresh K, V
+
+
+def test_prefill_lm_head_prices_the_last_position_only():
+    B, L = 2, 8
+    costs = costs_for(batch=B, prompt=L)
+    head = unit(costs, "head", "prefill", "lm_head")
+    x = B * D * 2
+    gpu = roof_gpu(5 * B * D, 2 * D * 2 + 2 * x) + roof_gpu(2 * B * D * V, V * D * 2 + x + B * V * 2)
+    assert head.gpu_seconds[0] == pytest.approx(gpu, rel=1e-12)
+
+
+def test_kv_cache_edges_and_kv_writes():
+    B, L, G = 3, 8, 4
+    costs = costs_for(batch=B, prompt=L, gen=G)
+    dec = costs.layer_class("decoder")
+    # K and V of L + G - 1 tokens (the last generated token is never fed back)
+    assert dec.kv_cache_bytes == 2 * B * (L + G - 1) * D * 2
+    qkv = unit(costs, "decoder", "prefill", "qkv")
+    kv_new = 2 * B * L * D * 2
+    assert qkv.kv_to_host_seconds[0] == pytest.approx(kv_new / (HW.pcie_d2h_gb_per_s * GB) + HW.pcie_latency_seconds)
+    assert qkv.kv_to_gpu_seconds[0] == pytest.approx(kv_new / (HW.pcie_h2d_gb_per_s * GB) + HW.pcie_latency_seconds)
+    # edges: within the layer, plus the next layer's input (fc2 → qkv and fc2 → out_proj, the residual)
+    pairs = {(dec.units[e.src], dec.units[e.dst]) for e in dec.prefill.edges}
+    assert pairs == {("qkv", "attn_score"), ("attn_score", "attn_context"), ("attn_context", "out_proj"),
+                     ("out_proj", "fc1"), ("out_proj", "fc2"), ("fc1", "fc2"), ("fc2", "qkv"), ("fc2", "out_proj")}
+    fc1_fc2 = next(e for e in dec.prefill.edges if (dec.units[e.src], dec.units[e.dst]) == ("fc1", "fc2"))
+    assert fc1_fc2.h2d_seconds[0] == pytest.approx(B * L * F * 2 / (HW.pcie_h2d_gb_per_s * GB)
+                                                   + HW.pcie_latency_seconds)
+    assert costs.tied_weight_bytes == V * D * 2  # OPT's LM head is the embedding matrix
+
+
+def test_layer_time_is_the_max_of_chain_stream_and_shared_ddr():
+    """Eq. 7 on all-CPU, all-GPU-streamed and mixed placements, summed by hand from the unit prices."""
+    costs = costs_for(batch=4)
+    dec = costs.layer_class("decoder")
+    tiers = ("ddr", "ddr", "ddr", "ddr", "ddr", "ddr")
+    for placement in [(0,) * 6, (1,) * 6, (1, 0, 0, 1, 1, 1), (0, 1, 1, 0, 1, 0)]:
+        seconds, staging, valid, _ = layer_seconds(costs, dec, "decode", tiers, np.array([placement]))
+        pc = dec.decode
+        total, most = 0.0, 0.0
+        for step in range(pc.steps):
+            chain = stream = cpu_read = 0.0
+            for i, u in enumerate(pc.units):
+                if placement[i]:
+                    chain += u.gpu_seconds[step] + u.kv_to_host_seconds[step]
+                    stream += u.stream_bytes[step]
+                else:
+                    chain += u.cpu_seconds[1][step]
+                    cpu_read += u.cpu_read_bytes[step]
+            for e in pc.edges:
+                if placement[e.src] != placement[e.dst]:
+                    chain += e.h2d_seconds[step] if placement[e.dst] else e.d2h_seconds[step]
+            total += max(chain, stream / (costs.h2d_gb_per_s * GB),
+                         (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB))
+            most = max(most, stream)
+        assert valid[0]
+        assert seconds[0] == pytest.approx(total, rel=1e-12)
+        assert staging[0] == pytest.approx(most)
+
+
+def test_expected_distinct_experts_matches_enumeration():
+    """E·(1 − (1 − k/E)^n) against the mean over every top-k routing of n tokens (uniform, distinct experts)."""
+    for experts, top_k, tokens in [(4, 2, 1), (4, 2, 2), (4, 2, 3), (5, 1, 3), (8, 2, 2)]:
+        subsets = list(itertools.combinations(range(experts), top_k))
+        routings = list(itertools.product(subsets, repeat=tokens))
+        mean = sum(len(set().union(*r)) for r in routings) / len(routings)
+        assert experts_touched(experts, top_k, tokens) == pytest.approx(mean, rel=1e-12)
+
+
+def test_json_round_trip_replays():
+    costs = costs_for()
+    again = CostGraph.from_json(costs.to_json())
+    assert again.to_json() == costs.to_json() or CostGraph.from_json(again.to_json()).to_json() == again.to_json()
+    a = costs.layer_class("decoder").decode.units[4].cpu_seconds[1]
+    b = again.layer_class("decoder").decode.units[4].cpu_seconds[1]
+    assert b == pytest.approx(a, rel=1e-5)
+
+
+def test_stage_is_checked():
+    graph = hand_graph(TINY)
+    graph.graph["stage"] = "costed"
+    with pytest.raises(ValueError, match="annotate_costs needs a graph at stage 'traced'"):
+        annotate_costs(graph, HW, Workload(1, 8, 4), BUDGETS)

@@ -1,0 +1,107 @@
+"""Hardware profiles: the shipped ones load, resolve by name or path, hash canonically, and bad files fail by path."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from liac.errors import LiacError
+from liac.profile import GIB, load_profile, profile_names, resolve_profile
+
+SHIPPED = ("gnr-h100", "h200-amx16", "spr-a100", "spr-h100", "spr-h100-cxl")
+
+
+def _shipped_text(name: str) -> str:
+    return (Path(__file__).parents[1] / "liac" / "profiles" / f"{name}.yaml").read_text()
+
+
+def test_every_lia_platform_and_our_machine_ship():
+    assert set(SHIPPED) <= set(profile_names())
+    for name in SHIPPED:
+        profile = resolve_profile(name)
+        assert profile.name == name
+        # every number says where it comes from; estimates name real fields
+        assert set(profile.estimates) <= set(profile.sources)
+
+
+def test_h200_profile_carries_the_measured_numbers():
+    hw = resolve_profile("h200-amx16")
+    # device-probe-2026-11-29.json: 781 TFLOP/s, 55.46 GB/s H2D, 143771 MiB; concurrency: ~75 together vs ~40 CPU
+    assert hw.gpu_bf16_tflops == 781.0
+    assert hw.pcie_h2d_gb_per_s == pytest.approx(55.4, abs=0.1)
+    assert hw.gpu_hbm_gib == pytest.approx(143771 / 1024, abs=0.1)
+    assert hw.cpu_ddr_read_gb_per_s < hw.ddr_shared_gb_per_s < hw.cpu_ddr_read_gb_per_s + hw.pcie_h2d_gb_per_s
+    spr = resolve_profile("spr-h100")  # on SPR the shared rate never binds
+    assert spr.ddr_shared_gb_per_s >= spr.cpu_ddr_read_gb_per_s + spr.pcie_h2d_gb_per_s - 5
+    assert resolve_profile("spr-h100-cxl").cxl_gib > 0 and spr.cxl_gib == 0
+
+
+def test_amx_curve_interpolates_in_log_m():
+    hw = resolve_profile("spr-h100")
+    points = {p.m: p.tflops for p in hw.cpu_amx_bf16_tflops}
+    assert hw.cpu_tflops_at(16) == points[16]
+    # halfway between M=16 and M=32 in log M is M = sqrt(16*32)
+    assert hw.cpu_tflops_at(math.sqrt(16 * 32)) == pytest.approx((points[16] + points[32]) / 2)
+    assert hw.cpu_tflops_at(0.5) == points[1]  # clamped at both ends
+    assert hw.cpu_tflops_at(10**6) == points[256]
+
+
+def test_resolve_by_name_file_name_and_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_profile("spr-h100.yaml") == resolve_profile("spr-h100")  # bare file name → shipped stem
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(_shipped_text("spr-h100").replace("name: spr-h100\n", "name: mine\n"))
+    assert resolve_profile(str(mine)).name == "mine"
+    # a local file wins over the shipped profile of the same stem
+    (tmp_path / "spr-h100.yaml").write_text(_shipped_text("spr-h100").replace("gpu_bf16_tflops: 600.0",
+                                                                              "gpu_bf16_tflops: 1.0"))
+    assert resolve_profile("spr-h100.yaml").gpu_bf16_tflops == 1.0
+
+
+def test_unknown_names_and_missing_files():
+    with pytest.raises(LiacError, match="unknown hardware profile 'h100x'.*'spr-h100'"):
+        resolve_profile("h100x")
+    with pytest.raises(LiacError, match="does not exist"):
+        resolve_profile("some/dir/x.yaml")
+
+
+def test_sha256_is_canonical_and_sensitive():
+    a = resolve_profile("spr-h100")
+    data = yaml.safe_load(_shipped_text("spr-h100"))
+    reordered = dict(reversed(list(data.items())))
+    from liac.profile import parse_profile
+
+    assert parse_profile(reordered, "x").sha256() == a.sha256()  # key order does not matter
+    data["pcie_h2d_gb_per_s"] = 54.0
+    assert parse_profile(data, "x").sha256() != a.sha256()
+
+
+def test_budgets_are_capacity_minus_reserve():
+    hw = resolve_profile("spr-h100")
+    assert hw.gpu_budget_bytes == int((hw.gpu_hbm_gib - hw.gpu_reserve_gib) * GIB)
+    assert hw.cpu_budget_bytes == int((hw.cpu_ddr_gib - hw.cpu_reserve_gib) * GIB)
+    assert hw.cxl_budget_bytes == 0
+
+
+@pytest.mark.parametrize("edit, path, message", [
+    (lambda d: d.update(gpu_hbm_gbs=1.0), "gpu_hbm_gbs", "unknown field"),
+    (lambda d: d.update(pcie_h2d_gb_per_s=0.0), "pcie_h2d_gb_per_s", "greater than 0"),
+    (lambda d: d.update(gpu_hbm_gib=-1.0), "gpu_hbm_gib", "at least 0"),
+    (lambda d: d["cpu_amx_bf16_tflops"].reverse(), "cpu_amx_bf16_tflops[1].m", "strictly increasing"),
+    (lambda d: d["sources"].pop("cpu_kv_read_gb_per_s"), "sources", "'cpu_kv_read_gb_per_s'"),
+    (lambda d: d["estimates"].append("speed"), "estimates[12]", "unknown field 'speed'"),
+    (lambda d: d.pop("ddr_shared_gb_per_s"), "ddr_shared_gb_per_s", "required"),
+])
+def test_bad_profiles_name_the_field(tmp_path, edit, path, message):
+    data = yaml.safe_load(_shipped_text("spr-h100"))
+    edit(data)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(LiacError) as info:
+        load_profile(bad)
+    assert info.value.path == path
+    assert message in info.value.message
+    assert info.value.line().startswith(str(bad))
