@@ -45,11 +45,13 @@ class Experts(nn.Module):
 
     def forward(self, routed, residual: torch.Tensor) -> torch.Tensor:
         h, weights = routed  # h: [B, Q, D], weights: [B, Q, X]
-        out = residual
+        out = None
         for expert in range(self.gate_up.shape[0]):
             gate, up = F.linear(h, self.gate_up[expert]).split(self.ffn_dim, dim=-1)
-            out = out + weights[..., expert:expert + 1] * F.linear(F.silu(gate) * up, self.down[expert])
-        return out
+            y = weights[..., expert:expert + 1] * F.linear(F.silu(gate) * up, self.down[expert])
+            out = y if out is None else out + y
+        # Sum the experts first, then add the residual once (as HF does): one residual add for the tracer.
+        return residual + out
 
 
 class MixtralLayer(nn.Module):
