@@ -25,6 +25,7 @@ import itertools
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,8 +255,10 @@ def _solver(options: SolverOptions):
         return "HiGHS", pulp.HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
                                    timeLimit=options.time_limit_seconds, random_seed=0)
     if name == "cbc":
-        return "PULP_CBC_CMD", pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
-                                                  timeLimit=options.time_limit_seconds)
+        with warnings.catch_warnings():  # pulp 3.3 warns that 4.0 unbundles CBC; the bundled one is what we use
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return "PULP_CBC_CMD", pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
+                                                      timeLimit=options.time_limit_seconds)
     raise LiacError("--solver", f"unsupported value '{name}': must be one of 'auto', 'cbc', 'highs'")
 
 
@@ -286,22 +289,22 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     used = {}
     objective = []
     memory = {"hbm": [], "ddr": [], "cxl": []}
-    staging = pulp.LpVariable("staging_gib", lowBound=0)
-    workspace = pulp.LpVariable("workspace_gib", lowBound=0)
+    staging = problem.add_variable("staging_gib", lowBound=0)
+    workspace = problem.add_variable("workspace_gib", lowBound=0)
     host_workspace = max(cls.workspace_bytes for cls in costs.classes) / GIB
     for cls in costs.classes:
         options = configs[cls.layer_class]
         for index, config in enumerate(options):
             key = (cls.layer_class, index)
             if cls.count == 1:
-                var = pulp.LpVariable(f"pick[{cls.layer_class},{index}]", cat="Binary")
+                var = problem.add_variable(f"pick[{cls.layer_class},{index}]", cat="Binary")
                 flag = var
             else:
-                var = pulp.LpVariable(f"n[{cls.layer_class},{index}]", lowBound=0, upBound=cls.count,
+                var = problem.add_variable(f"n[{cls.layer_class},{index}]", lowBound=0, upBound=cls.count,
                                       cat="Integer")
                 flag = None
                 if config.staging_bytes or config.uses_gpu:
-                    flag = pulp.LpVariable(f"y[{cls.layer_class},{index}]", cat="Binary")
+                    flag = problem.add_variable(f"y[{cls.layer_class},{index}]", cat="Binary")
                     problem += var <= cls.count * flag, f"link[{cls.layer_class},{index}]"  # Eq. 12
             count[key], used[key] = var, flag
             objective.append(config.seconds * var)
@@ -317,7 +320,7 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     memory["hbm"].append((budgets.prefetch_depth + 1) * staging + workspace)
     if costs.tied_weight_bytes:  # a tied matrix is stored once when embed and head put it in the same tier
         for tier in costs.tiers:
-            both = pulp.LpVariable(f"tied[{tier}]", cat="Binary")
+            both = problem.add_variable(f"tied[{tier}]", cat="Binary")
             for name in ("embed", "head"):
                 problem += both <= pulp.lpSum(count[(name, i)] for i, c in enumerate(configs[name])
                                               if _weights_tier(c) == tier), f"tied[{tier},{name}]"
@@ -327,7 +330,7 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     slack = {}
     for tier in ("hbm", "ddr", "cxl"):  # Eq. 11
         if elastic:
-            slack[tier] = pulp.LpVariable(f"short_gib[{tier}]", lowBound=0)
+            slack[tier] = problem.add_variable(f"short_gib[{tier}]", lowBound=0)
             problem += pulp.lpSum(memory[tier]) - slack[tier] <= capacity[tier], f"mem_{tier}"
         else:
             problem += pulp.lpSum(memory[tier]) <= capacity[tier], f"mem_{tier}"

@@ -1,0 +1,432 @@
+"""Placement ILP: equals brute force over every joint assignment on small instances; closed forms; policies; trends.
+
+The brute force below is written apart from passes/ilp.py: plain itertools over every (weights tier per unit, KV
+tier, prefill device per unit, decode device per unit) of every layer, each evaluated from the CostGraph's numbers
+with its own loops (Eqs. 1-9 of docs/cost-model.md), then every combination over the layers, the embedding and
+the head checked against the capacities (Eqs. 10-12). No Pareto pruning, no solver, no symmetry.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hand_graphs import hand_graph
+
+from liac.errors import InfeasibleError, LiacError
+from liac.models import ZOO
+from liac.models.config import ModelConfig
+from liac.passes.costs import (TIERS, ClassCosts, CostGraph, EdgeCosts, PhaseCosts, TierBudgets, UnitCosts, Workload,
+                               annotate_costs)
+from liac.passes.ilp import POLICIES, SolverOptions, solve_placement
+from liac.profile import GIB, resolve_profile
+
+GB = 1e9
+
+# ---------------------------------------------------------------------------------------------------------------
+# Brute force (independent of passes/ilp.py)
+
+
+def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, placement: tuple):
+    """(seconds summed over steps, most bytes streamed in a step) of one layer, or None when not allowed."""
+    pc = cls.phase(phase)
+    for index, unit in enumerate(pc.units):
+        if unit_tier[index] == "hbm" and not unit.cpu_allows_hbm and not placement[index]:
+            return None
+    kv_tier = next((unit_tier[i] for i, op in enumerate(cls.operands) if op == "kv"), None)
+    total = most = 0.0
+    for step in range(pc.steps):
+        chain = from_ddr = from_cxl = cpu_ddr = 0.0
+        for index, unit in enumerate(pc.units):
+            tier = unit_tier[index]
+            if placement[index]:
+                chain += unit.gpu_seconds[step]
+                if tier == "ddr":
+                    from_ddr += unit.stream_bytes[step]
+                elif tier == "cxl":
+                    from_cxl += unit.stream_bytes[step]
+                if kv_tier not in (None, "hbm"):
+                    chain += unit.kv_to_host_seconds[step]
+            else:
+                chain += unit.cpu_seconds[TIERS.index(tier)][step]
+                if tier == "ddr":
+                    cpu_ddr += unit.cpu_read_bytes[step]
+                if kv_tier == "hbm":
+                    chain += unit.kv_to_gpu_seconds[step]
+        for edge in pc.edges:
+            if placement[edge.src] != placement[edge.dst]:
+                chain += edge.h2d_seconds[step] if placement[edge.dst] else edge.d2h_seconds[step]
+        stream = from_ddr / (costs.h2d_gb_per_s * GB) + from_cxl / (costs.cxl_stream_gb_per_s * GB)
+        shared = (cpu_ddr + from_ddr) / (costs.ddr_shared_gb_per_s * GB)
+        total += max(chain, stream, shared)
+        most = max(most, from_ddr + from_cxl)
+    return total, most
+
+
+def local_options(costs: CostGraph, cls: ClassCosts, allowed=None):
+    """Every assignment of one layer: arrays of seconds, bytes per tier, staging, GPU use, weights tier (ends)."""
+    tiers = costs.tiers
+    units = len(cls.units)
+    weight_units = [i for i, op in enumerate(cls.operands) if op == "weights"]
+    has_kv = "kv" in cls.operands
+    rows = []
+    phase_cache = {}
+    for weight_tiers in itertools.product(tiers, repeat=len(weight_units)):
+        for kv in (tiers if has_kv else ("none",)):
+            unit_tier = ["ddr"] * units
+            for unit, tier in zip(weight_units, weight_tiers):
+                unit_tier[unit] = tier
+            for i, op in enumerate(cls.operands):
+                if op == "kv":
+                    unit_tier[i] = kv
+            unit_tier = tuple(unit_tier)
+            resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
+            memory = dict.fromkeys(TIERS, 0)
+            for unit, tier in zip(weight_units, weight_tiers):
+                memory[tier] += cls.weight_bytes[unit]
+            if has_kv:
+                memory[kv] += cls.kv_cache_bytes
+            for pre in itertools.product((0, 1), repeat=units):
+                for dec in itertools.product((0, 1), repeat=units):
+                    if allowed is not None:
+                        in_policy = pre in allowed[0] and dec in allowed[1]
+                        whole = resident and all(pre) and all(dec)
+                        if not (in_policy or whole):
+                            continue
+                    out = []
+                    for phase, placement in (("prefill", pre), ("decode", dec)):
+                        key = (phase, unit_tier, placement)
+                        if key not in phase_cache:
+                            phase_cache[key] = eval_phase(costs, cls, phase, unit_tier, placement)
+                        out.append(phase_cache[key])
+                    if None in out:
+                        continue
+                    rows.append((out[0][0] + out[1][0], memory["hbm"], memory["ddr"], memory["cxl"],
+                                 max(out[0][1], out[1][1]), any(pre) or any(dec),
+                                 weight_tiers[0] if weight_tiers else "none"))
+    columns = list(zip(*rows))
+    return {"seconds": np.array(columns[0]), "hbm": np.array(columns[1], dtype=float),
+            "ddr": np.array(columns[2], dtype=float), "cxl": np.array(columns[3], dtype=float),
+            "staging": np.array(columns[4]), "gpu": np.array(columns[5], dtype=bool), "tier": columns[6]}
+
+
+def brute_force(costs: CostGraph, allowed=None) -> float | None:
+    """Least objective over every joint assignment that fits, or None when none fits."""
+    dec_cls = costs.layer_class("decoder")
+    layer = local_options(costs, dec_cls, allowed)
+    # every layer independently: the product over layers, flattened (K^N rows)
+    joint = {k: layer[k] for k in ("seconds", "hbm", "ddr", "cxl", "staging", "gpu")}
+    for _ in range(dec_cls.count - 1):
+        joint = {
+            "seconds": (joint["seconds"][:, None] + layer["seconds"][None, :]).ravel(),
+            "hbm": (joint["hbm"][:, None] + layer["hbm"][None, :]).ravel(),
+            "ddr": (joint["ddr"][:, None] + layer["ddr"][None, :]).ravel(),
+            "cxl": (joint["cxl"][:, None] + layer["cxl"][None, :]).ravel(),
+            "staging": np.maximum(joint["staging"][:, None], layer["staging"][None, :]).ravel(),
+            "gpu": (joint["gpu"][:, None] | layer["gpu"][None, :]).ravel(),
+        }
+    embed = local_options(costs, costs.layer_class("embed"))
+    head = local_options(costs, costs.layer_class("head"))
+    ws = {c.layer_class: c.workspace_bytes for c in costs.classes}
+    host = max(ws.values())
+    budgets = costs.budgets
+    best = None
+    for e in range(len(embed["seconds"])):
+        for h in range(len(head["seconds"])):
+            credit = {t: 0.0 for t in TIERS}
+            if costs.tied_weight_bytes and embed["tier"][e] == head["tier"][h]:
+                credit[embed["tier"][e]] = costs.tied_weight_bytes
+            staging = np.maximum(joint["staging"], max(embed["staging"][e], head["staging"][h]))
+            workspace = np.maximum(np.where(joint["gpu"], ws["decoder"], 0),
+                                   max(ws["embed"] * embed["gpu"][e], ws["head"] * head["gpu"][h]))
+            hbm = (joint["hbm"] + embed["hbm"][e] + head["hbm"][h] - credit["hbm"]
+                   + (budgets.prefetch_depth + 1) * staging + workspace)
+            ddr = joint["ddr"] + embed["ddr"][e] + head["ddr"][h] - credit["ddr"] + host
+            cxl = joint["cxl"] + embed["cxl"][e] + head["cxl"][h] - credit["cxl"]
+            fits = (hbm <= budgets.hbm_bytes) & (ddr <= budgets.ddr_bytes) & (cxl <= budgets.cxl_bytes)
+            if fits.any():
+                value = float(joint["seconds"][fits].min()) + embed["seconds"][e] + head["seconds"][h]
+                best = value if best is None else min(best, value)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic cost graphs: random prices, sizes and capacities
+
+
+def synthetic(seed: int, layers: int, decoder_ops: tuple[str, ...], cxl: bool) -> CostGraph:
+    rng = np.random.default_rng(seed)
+
+    def values(n, low, high):
+        return tuple(float(v) for v in rng.uniform(low, high, n))
+
+    classes = []
+    for name, count, ops in (("embed", 1, ("weights",)), ("decoder", layers, decoder_ops), ("head", 1, ("weights",))):
+        writer = ops.index("weights") if name == "decoder" and "kv" in ops else None
+        phases = {}
+        for phase, steps in (("prefill", 1), ("decode", 2)):
+            units = []
+            for index, op in enumerate(ops):
+                cpu_ddr = values(steps, 0.5, 3.0)
+                cpu = (cpu_ddr, cpu_ddr, tuple(v * rng.uniform(1.0, 2.5) for v in cpu_ddr))
+                moved = values(steps, 1e9, 5e9) if op == "weights" or (op == "kv" and phase == "decode") else \
+                    (0.0,) * steps
+                kv_write = values(steps, 0.05, 0.4) if index == writer else (0.0,) * steps
+                units.append(UnitCosts(name=f"u{index}", cpu_seconds=cpu,
+                                       cpu_allows_hbm=op == "kv" and phase == "prefill",
+                                       gpu_seconds=values(steps, 0.05, 1.0), stream_bytes=moved,
+                                       cpu_read_bytes=moved, kv_to_gpu_seconds=kv_write, kv_to_host_seconds=kv_write))
+            edges = []
+            if name == "decoder":
+                pairs = [(i, i + 1) for i in range(len(ops) - 1)] + [(len(ops) - 1, 0)]
+                edges = [EdgeCosts(src=a, dst=b, h2d_seconds=values(steps, 0.01, 0.3),
+                                   d2h_seconds=values(steps, 0.01, 0.3)) for a, b in pairs]
+            phases[phase] = PhaseCosts(steps=steps, units=tuple(units), edges=tuple(edges))
+        classes.append(ClassCosts(layer_class=name, count=count, units=tuple(f"u{i}" for i in range(len(ops))),
+                                  operands=ops, weight_bytes=tuple(int(rng.integers(1, 6)) * GIB if op == "weights"
+                                                                   else 0 for op in ops),
+                                  kv_cache_bytes=int(rng.integers(1, 4)) * GIB if "kv" in ops else 0,
+                                  workspace_bytes=int(rng.integers(0, 3)) * GIB // 4,
+                                  prefill=phases["prefill"], decode=phases["decode"]))
+    total = sum(sum(c.weight_bytes) * c.count + c.kv_cache_bytes * c.count for c in classes)
+    budgets = TierBudgets(hbm_bytes=int(rng.uniform(0.1, 0.8) * total),
+                          ddr_bytes=int(rng.uniform(0.3, 1.0) * total),
+                          cxl_bytes=int(rng.uniform(0.2, 0.6) * total) if cxl else 0,
+                          prefetch_depth=int(rng.integers(1, 3)))
+    return CostGraph(model="synthetic", profile="synthetic", profile_sha256="0" * 64, workload=Workload(1, 1, 3),
+                     budgets=budgets, h2d_gb_per_s=float(rng.uniform(2, 6)), cxl_stream_gb_per_s=float(rng.uniform(1, 3)),
+                     ddr_shared_gb_per_s=float(rng.uniform(3, 8)), classes=tuple(classes),
+                     tied_weight_bytes=GIB if seed % 2 else 0)
+
+
+def assert_same(costs: CostGraph, options=SolverOptions(), allowed=None):
+    expected = brute_force(costs, allowed)
+    if expected is None:
+        with pytest.raises(InfeasibleError):
+            solve_placement(costs, options)
+        return None
+    assignment, report = solve_placement(costs, options)
+    assert report.status == "optimal" and report.gap == 0.0
+    assert report.objective_seconds == pytest.approx(expected, rel=1e-9)
+    # what the solver claims fits really does
+    for tier, cap in (("hbm", costs.budgets.hbm_bytes), ("ddr", costs.budgets.ddr_bytes),
+                      ("cxl", costs.budgets.cxl_bytes)):
+        assert assignment.tier_used_bytes(tier, costs.budgets.prefetch_depth) <= cap
+    return report
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_synthetic_three_units_two_layers(seed):
+    assert_same(synthetic(seed, layers=2, decoder_ops=("weights", "kv", "weights"), cxl=False))
+
+
+@pytest.mark.parametrize("seed", range(8, 14))
+def test_synthetic_with_cxl_two_layers(seed):
+    assert_same(synthetic(seed, layers=2, decoder_ops=("weights", "kv"), cxl=True))
+
+
+@pytest.mark.parametrize("seed", range(14, 18))
+def test_synthetic_three_layers(seed):
+    assert_same(synthetic(seed, layers=3, decoder_ops=("weights", "kv"), cxl=False))
+
+
+def test_synthetic_both_solvers_agree():
+    costs = synthetic(3, layers=2, decoder_ops=("weights", "kv", "weights"), cxl=False)
+    a = solve_placement(costs, SolverOptions(solver="cbc"))[1]
+    b = solve_placement(costs, SolverOptions(solver="highs"))[1]
+    assert a.name == "PULP_CBC_CMD" and b.name == "HiGHS"
+    assert a.objective_seconds == pytest.approx(b.objective_seconds, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real tiny models (hand-built OPT graphs; several profiles, batches and budgets)
+
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=4,
+                   head_dim=64, ffn_dim=1024, vocab_size=512, max_position=256, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
+
+
+def tiny_costs(layers, profile, batch, hbm_fraction, cxl=False, prompt=16, gen=3):
+    hw = resolve_profile(profile)
+    graph = hand_graph(TINY, layers=layers)
+    weights = sum(s.weight_bytes for s in graph.sublayers()) * 1.0
+    # budgets in proportion to the model, so that HBM binds
+    budgets = TierBudgets(hbm_bytes=int(hbm_fraction * weights), ddr_bytes=10 * int(weights) + 2**30,
+                          cxl_bytes=int(weights) if cxl else 0)
+    return annotate_costs(graph, hw, Workload(batch, prompt, gen), budgets)
+
+
+@pytest.mark.parametrize("profile, batch, hbm_fraction", [
+    ("spr-h100", 1, 0.3), ("h200-amx16", 8, 0.5), ("spr-a100", 64, 0.2), ("gnr-h100", 4, 1.5),
+])
+def test_real_one_layer_model_every_tier_and_placement(profile, batch, hbm_fraction):
+    assert_same(tiny_costs(1, profile, batch, hbm_fraction))
+
+
+def test_real_one_layer_model_with_cxl():
+    assert_same(tiny_costs(1, "spr-h100-cxl", 16, 0.2, cxl=True))
+
+
+@pytest.mark.parametrize("policy, profile, batch, hbm_fraction", [
+    ("lia", "spr-h100", 2, 0.6), ("lia", "h200-amx16", 32, 0.4), ("lia-cpu", "spr-a100", 1, 0.7),
+    ("lia-partial", "spr-h100", 8, 3.0),
+])
+def test_real_two_layer_model_under_lia_policies(policy, profile, batch, hbm_fraction):
+    allowed = (set(POLICIES[policy]), set(POLICIES[policy]))
+    report = assert_same(tiny_costs(2, profile, batch, hbm_fraction), SolverOptions(policy=policy), allowed)
+    assert report is not None and report.policy == policy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Closed forms
+
+
+def _roofline_gpu(sub, point, hw):
+    flops = sub.flops(*point)
+    nbytes = sub.bytes_read(*point) + sub.bytes_written(*point)
+    if sub.kind == "embedding":
+        nbytes = sub.bytes_read(*point) + sub.bytes_written(*point)  # looked-up rows only
+    return max(flops / (hw.gpu_bf16_tflops * 1e12), nbytes / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
+
+
+def test_all_gpu_when_everything_fits_in_hbm():
+    """Objective = Σ over nodes of the GPU roofline at every step (hand-summed from the graph's polynomials)."""
+    hw = resolve_profile("h200-amx16")
+    graph = hand_graph(TINY, layers=3)
+    B, L, G = 4, 16, 4
+    costs = annotate_costs(graph, hw, Workload(B, L, G), TierBudgets(2**36, 2**36, 0))
+    assignment, report = solve_placement(costs)
+    expected = 0.0
+    for sub in graph.sublayers():
+        count = graph.graph["layer_counts"][sub.layer_class]
+        q = 1 if sub.layer_class == "head" else L
+        points = [(B, q, L)] + [(B, 1, L + t + 1) for t in range(G - 1)]
+        expected += count * sum(_roofline_gpu(sub, p, hw) for p in points)
+    assert report.objective_seconds == pytest.approx(expected, rel=1e-12)
+    for _, config, _ in assignment.choices:  # (tiers may differ: a stream hidden under compute costs nothing)
+        assert all(config.prefill) and all(config.decode)
+
+
+def test_all_cpu_when_the_gpu_budget_is_zero():
+    hw = resolve_profile("spr-h100")
+    graph = hand_graph(TINY, layers=2)
+    costs = annotate_costs(graph, hw, Workload(2, 16, 3), TierBudgets(0, 2**36, 0))
+    assignment, report = solve_placement(costs)
+    expected = 0.0
+    for cls in costs.classes:
+        for phase in ("prefill", "decode"):
+            expected += cls.count * sum(sum(u.cpu_seconds[1]) for u in cls.phase(phase).units)
+    assert report.objective_seconds == pytest.approx(expected, rel=1e-12)
+    assert assignment.tier_used_bytes("hbm", 1) == 0
+    for _, config, _ in assignment.choices:
+        assert not any(config.prefill) and not any(config.decode)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Infeasible inputs
+
+
+def test_model_larger_than_all_tiers():
+    graph = hand_graph(TINY, layers=2)
+    weights = sum(s.weight_bytes for s in graph.sublayers())
+    costs = annotate_costs(graph, resolve_profile("spr-h100"), Workload(1, 16, 3),
+                           TierBudgets(weights // 4, weights // 4, 0))
+    with pytest.raises(InfeasibleError, match=r"constraint mem_total: .* \(short by [0-9.]+ GiB\)") as info:
+        solve_placement(costs)
+    assert info.value.tier == "all" and info.value.short_bytes > weights // 2 - 2**20
+
+
+def test_binding_tier_and_shortfall_are_named():
+    """DDR holds only the host workspace: everything must sit in HBM, which is short by exactly what it lacks."""
+    hw = resolve_profile("spr-h100")
+    graph = hand_graph(TINY, layers=2)
+    probe = annotate_costs(graph, hw, Workload(1, 16, 3), TierBudgets(0, 0, 0))
+    workspace = max(c.workspace_bytes for c in probe.classes)
+    need_hbm = (sum(sum(c.weight_bytes) * c.count + c.kv_cache_bytes * c.count for c in probe.classes)
+                - probe.tied_weight_bytes + workspace)
+    short = workspace // 2  # less than the workspace, so the total still fits and HBM alone binds
+    costs = annotate_costs(graph, hw, Workload(1, 16, 3), TierBudgets(need_hbm - short, workspace, 0))
+    with pytest.raises(InfeasibleError, match=r"^compile: constraint mem_hbm: .*--gpu-mem allows") as info:
+        solve_placement(costs)
+    assert info.value.tier == "hbm"
+    assert info.value.short_bytes == pytest.approx(short, rel=1e-3)
+
+
+def test_unknown_policy_and_solver_are_user_errors():
+    costs = tiny_costs(1, "spr-h100", 1, 0.5)
+    with pytest.raises(LiacError, match="unknown policy 'lia-fast'"):
+        solve_placement(costs, SolverOptions(policy="lia-fast"))
+    with pytest.raises(LiacError, match="unsupported value 'glpk'"):
+        solve_placement(costs, SolverOptions(solver="glpk"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OPT-175B on spr-h100: the paper's trends over a wide batch sweep
+
+
+def _fractions(assignment, phase):
+    """(share of offloaded weight bytes computed on the CPU, share of offloaded layers with attention on CPU)."""
+    cpu = total = 0
+    attention_cpu = offloaded = 0
+    for name, config, count in assignment.choices:
+        if name != "decoder":
+            continue
+        placement = getattr(config, phase)
+        weights = config.weights
+        layer_bytes = [b for b in OPT175_UNIT_BYTES]
+        off = [i for i, t in enumerate(weights) if t in ("ddr", "cxl")]
+        total += count * sum(layer_bytes[i] for i in off)
+        cpu += count * sum(layer_bytes[i] for i in off if not placement[i])
+        if off:
+            offloaded += count
+            attention_cpu += count * (not placement[1] and not placement[2])
+    return cpu / total, attention_cpu / offloaded
+
+
+OPT175_UNIT_BYTES: list[int] = []
+
+
+@pytest.fixture(scope="module")
+def opt175_sweep():
+    hw = resolve_profile("spr-h100")
+    graph = hand_graph(ZOO["opt-175b"])
+    costs = annotate_costs(graph, hw, Workload(1, 128, 32), TierBudgets(hw.gpu_budget_bytes, 2**42, 0))
+    OPT175_UNIT_BYTES[:] = costs.layer_class("decoder").weight_bytes
+    out = {}
+    for batch in (1, 4, 16, 64, 256, 1024, 2048):
+        # DDR as large as the paper's analytical points (★) need: the trend, not the machine's capacity
+        costs = annotate_costs(graph, hw, Workload(batch, 128, 32), TierBudgets(hw.gpu_budget_bytes, 2**42, 0))
+        out[batch] = solve_placement(costs)
+    return out
+
+
+def test_opt175b_decode_moves_weight_gemms_to_the_gpu_as_batch_grows(opt175_sweep):
+    shares = {b: _fractions(a, "decode") for b, (a, _) in opt175_sweep.items()}
+    cpu_share = [shares[b][0] for b in sorted(shares)]
+    assert cpu_share[0] >= 0.8  # small batch: the CPU computes (nearly) every offloaded weight GEMM
+    assert cpu_share[-1] <= 0.05  # B = 2048: the GPU computes them from streamed weights
+    assert all(a >= b - 0.02 for a, b in zip(cpu_share, cpu_share[1:]))  # and the move is monotone
+    assert shares[2048][1] >= 0.9  # ... while attention stays on the CPU beside the KV cache
+
+
+def test_opt175b_prefill_moves_to_the_gpu_as_batch_times_prompt_grows(opt175_sweep):
+    shares = {b: _fractions(a, "prefill")[0] for b, (a, _) in opt175_sweep.items()}
+    assert shares[1] >= 0.5  # B·L = 128: most offloaded weights computed on the CPU
+    assert all(shares[b] == 0 for b in (64, 256, 1024, 2048))  # B·L ≥ 8192: all on the GPU
+
+
+def test_opt175b_every_point_optimal_and_policies_never_beat_it(opt175_sweep):
+    hw = resolve_profile("spr-h100")
+    graph = hand_graph(ZOO["opt-175b"])
+    for batch in (1, 1024):
+        best = opt175_sweep[batch][1]
+        assert best.status == "optimal" and best.gap == 0.0
+        costs = annotate_costs(graph, hw, Workload(batch, 128, 32), TierBudgets(hw.gpu_budget_bytes, 2**42, 0))
+        for policy in ("lia-cpu", "lia-partial", "lia-gpu", "lia"):
+            assignment, report = solve_placement(costs, SolverOptions(policy=policy))
+            assert report.objective_seconds >= best.objective_seconds * (1 - 1e-9)
+            for name, config, _ in assignment.choices:
+                if name == "decoder" and not (all(config.prefill) and all(config.decode)
+                                              and set(config.weights) <= {"hbm", "none"}):
+                    assert config.decode in POLICIES[policy] and config.prefill in POLICIES[policy]
