@@ -9,11 +9,13 @@
 from __future__ import annotations
 
 import importlib
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from liac.models.config import FAMILIES, ModelConfig, from_hf_config
 from liac.models.zoo import PUBLISHED_PARAMS, ZOO, resolve_model, zoo_names
+
+if TYPE_CHECKING:  # torch loads only when a model is built: `liac inspect --model typo` answers at once
+    from torch import nn
 
 __all__ = ["ModelConfig", "FAMILIES", "ZOO", "PUBLISHED_PARAMS", "from_hf_config", "resolve_model", "zoo_names",
            "build_model", "family_module", "SUBLAYERS"]
