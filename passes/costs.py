@@ -192,6 +192,13 @@ def _weights_touched(sub: Sublayer, batch: int, query: int) -> float:
     return float(sub.weight_bytes)
 
 
+def _activation_bytes(sub: Sublayer, point: tuple[int, int, int], weights_touched: float) -> float:
+    """Activation bytes a node reads and writes: its fused traffic less weights and KV (an embedding's
+    `bytes_read` counts the rows it looks up, every other node's counts its whole weights)."""
+    weights_read = weights_touched if sub.kind == "embedding" else sub.weight_bytes
+    return max(0.0, sub.bytes_read(*point) - weights_read - sub.kv_read(*point)) + sub.bytes_written(*point)
+
+
 def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple[int, int, int],
                  hw: HardwareProfile) -> float:
     """Roofline time of one node (one kernel) on `device`, its operand in `tier` (Eq. 1).
@@ -202,7 +209,7 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     flops = sub.flops(*point)
     weights = _weights_touched(sub, batch, query)
     kv = sub.kv_read(*point)
-    activations = max(0.0, sub.bytes_read(*point) - sub.weight_bytes - kv) + sub.bytes_written(*point)
+    activations = _activation_bytes(sub, point, weights)
     if device == "gpu":
         # Streamed operands are staged into HBM first (Eq. 5), so the kernel always reads HBM.
         return max(flops / (hw.gpu_bf16_tflops * 1e12),
@@ -355,8 +362,10 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                                   kv_cache_bytes=kv_cache, workspace_bytes=int(workspace),
                                   prefill=phases["prefill"], decode=phases["decode"]))
     cxl_stream = min(hw.cxl_gb_per_s, hw.pcie_h2d_gb_per_s) if hw.cxl_gb_per_s > 0 else hw.pcie_h2d_gb_per_s
-    embed_weights = {w.name: w.nbytes for s in graph.sublayers("embed") for w in s.weights}
-    tied = sum(w.nbytes for s in graph.sublayers("head") for w in s.weights if w.name in embed_weights)
+    embed_weights = {w.name for s in graph.sublayers("embed") for w in s.weights}
+    shares = graph.graph.get("tied_weights", {})  # head weight name → the embedding weight it shares storage with
+    tied = sum(w.nbytes for s in graph.sublayers("head") for w in s.weights
+               if w.name in embed_weights or shares.get(w.name) in embed_weights)
     return CostGraph(model=str(graph.graph.get("model", {}).get("name", "model")), profile=hw.name,
                      profile_sha256=hw.sha256(), workload=workload, budgets=budgets,
                      h2d_gb_per_s=hw.pcie_h2d_gb_per_s, cxl_stream_gb_per_s=cxl_stream,
@@ -368,8 +377,7 @@ def _workspace_bytes(subs: list[Sublayer], points) -> float:
     peak = 0.0
     for point in points:
         for s in subs:
-            act_in = max(0.0, s.bytes_read(*point) - s.weight_bytes - s.kv_read(*point))
-            peak = max(peak, act_in + s.bytes_written(*point))
+            peak = max(peak, _activation_bytes(s, point, _weights_touched(s, point[0], point[1])))
     return peak
 
 
