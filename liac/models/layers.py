@@ -137,7 +137,7 @@ class Attention(nn.Module):
     def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         # q: [B, H, Q, E], k: [B, G, C, E] → probabilities [B, H, Q, C]
         B, H, Q, E = q.shape
-        qg = q.view(B, k.shape[1], self.groups * Q, E)  # heads of one group share K
+        qg = q.reshape(B, k.shape[1], self.groups * Q, E)  # heads of one group share K (q may be a strided view)
         s = (qg @ k.transpose(-1, -2)).view(B, H, Q, -1) * self.scale
         mask = self._mask(Q, k.shape[2], q.device)
         if mask is not None:
@@ -147,7 +147,7 @@ class Attention(nn.Module):
     def context(self, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # p: [B, H, Q, C], v: [B, G, C, E] → [B, Q, H * E]
         B, H, Q, C = p.shape
-        o = (p.view(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
+        o = (p.reshape(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
         return o.transpose(1, 2).reshape(B, Q, -1)
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from liac.models.config import ModelConfig
 from liac.models.layers import QKV, Attention, ResidualLinear, Transformer, make_norm
 
-__all__ = ["Router", "Experts", "MixtralLayer", "build"]
+__all__ = ["Router", "Experts", "MixtralLayer", "build", "hf_weight_names"]
 
 
 class Router(nn.Module):
@@ -74,3 +74,20 @@ class MixtralLayer(nn.Module):
 
 def build(cfg: ModelConfig) -> Transformer:
     return Transformer(cfg, MixtralLayer)
+
+
+def hf_weight_names(cfg: ModelConfig) -> dict[str, list[str]]:
+    """liac parameter name → HF checkpoint tensor names (transformers 5 layout: experts stacked as [E, ...])."""
+    names = {"embed.tokens.weight": ["model.embed_tokens.weight"], "lm_head.norm.weight": ["model.norm.weight"]}
+    if not cfg.tie_embeddings:
+        names["lm_head.proj.weight"] = ["lm_head.weight"]
+    for layer in range(cfg.num_layers):
+        ours, hf = f"layers.{layer}.", f"model.layers.{layer}."
+        names[ours + "qkv.norm.weight"] = [hf + "input_layernorm.weight"]
+        names[ours + "qkv.proj.weight"] = [hf + f"self_attn.{p}_proj.weight" for p in "qkv"]
+        names[ours + "out_proj.proj.weight"] = [hf + "self_attn.o_proj.weight"]
+        names[ours + "router.norm.weight"] = [hf + "post_attention_layernorm.weight"]
+        names[ours + "router.proj.weight"] = [hf + "mlp.gate.weight"]
+        names[ours + "experts.gate_up"] = [hf + "mlp.experts.gate_up_proj"]
+        names[ours + "experts.down"] = [hf + "mlp.experts.down_proj"]
+    return names
