@@ -17,6 +17,7 @@ Decode is priced at each of the gen_len steps (C grows by one per step) and summ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -331,10 +332,20 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         ValueError: the graph is not at stage 'traced'.
     """
     require_stage(graph, "traced", "annotate_costs")
+    embed_weights = {w.name for s in graph.sublayers("embed") for w in s.weights}
+    shares = graph.graph.get("tied_weights", {})  # head weight name → the embedding weight it shares storage with
+    tied = {w.name: w.nbytes for s in graph.sublayers("head") for w in s.weights
+            if w.name in embed_weights or w.name in shares}
+    # A tied matrix the tracer lists only under the head is still the embedding's: the lookup reads it too.
+    embed_extra = tuple(w for s in graph.sublayers("head") for w in s.weights
+                        if w.name in shares and shares[w.name] not in embed_weights)
     classes = []
     for layer_class in ("embed", "decoder", "head"):
         units = graph.units(layer_class)
         subs = graph.sublayers(layer_class)
+        if layer_class == "embed" and embed_extra:
+            subs = [dataclasses.replace(s, weights=s.weights + embed_extra) if s.kind == "embedding" else s
+                    for s in subs]
         by_unit = {u: [s for s in subs if s.unit == u] for u in units}
         operands = tuple(_operand(by_unit[u]) for u in units)
         weight_bytes = tuple(sum(s.weight_bytes for s in by_unit[u]) for u in units)
@@ -362,14 +373,10 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                                   kv_cache_bytes=kv_cache, workspace_bytes=int(workspace),
                                   prefill=phases["prefill"], decode=phases["decode"]))
     cxl_stream = min(hw.cxl_gb_per_s, hw.pcie_h2d_gb_per_s) if hw.cxl_gb_per_s > 0 else hw.pcie_h2d_gb_per_s
-    embed_weights = {w.name for s in graph.sublayers("embed") for w in s.weights}
-    shares = graph.graph.get("tied_weights", {})  # head weight name → the embedding weight it shares storage with
-    tied = sum(w.nbytes for s in graph.sublayers("head") for w in s.weights
-               if w.name in embed_weights or shares.get(w.name) in embed_weights)
     return CostGraph(model=str(graph.graph.get("model", {}).get("name", "model")), profile=hw.name,
                      profile_sha256=hw.sha256(), workload=workload, budgets=budgets,
                      h2d_gb_per_s=hw.pcie_h2d_gb_per_s, cxl_stream_gb_per_s=cxl_stream,
-                     ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes), tied_weight_bytes=tied)
+                     ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes), tied_weight_bytes=sum(tied.values()))
 
 
 def _workspace_bytes(subs: list[Sublayer], points) -> float:

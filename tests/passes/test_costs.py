@@ -168,3 +168,27 @@ def test_stage_is_checked():
     graph.graph["stage"] = "costed"
     with pytest.raises(ValueError, match="annotate_costs needs a graph at stage 'traced'"):
         annotate_costs(graph, HW, Workload(1, 8, 4), BUDGETS)
+
+
+def test_traced_graph_prices_like_the_hand_built_one():
+    """The tracer's OPT graph and the hand-written one give the same memory and (to FLOP-count details) times."""
+    from liac.passes.trace import trace_model
+
+    cfg = ModelConfig(name="trace-opt", family="opt", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+                      head_dim=32, ffn_dim=512, vocab_size=1000, max_position=128, norm="layernorm", norm_eps=1e-5,
+                      activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
+    work = Workload(4, 32, 4)
+    traced = annotate_costs(trace_model(cfg), HW, work, BUDGETS)
+    hand = annotate_costs(hand_graph(cfg), HW, work, BUDGETS)
+    assert traced.tied_weight_bytes == hand.tied_weight_bytes == 1000 * 128 * 2
+    for a, b in zip(traced.classes, hand.classes):
+        assert (a.units, a.operands, a.weight_bytes, a.kv_cache_bytes) == (b.units, b.operands, b.weight_bytes,
+                                                                           b.kv_cache_bytes)
+        for phase in ("prefill", "decode"):
+            pa, pb = a.phase(phase), b.phase(phase)
+            assert sorted((e.src, e.dst) for e in pa.edges) == sorted((e.src, e.dst) for e in pb.edges)
+            for ua, ub in zip(pa.units, pb.units):
+                assert ua.stream_bytes == ub.stream_bytes
+                assert ua.gpu_seconds == pytest.approx(ub.gpu_seconds, rel=1e-3)
+                for tier in range(3):
+                    assert ua.cpu_seconds[tier] == pytest.approx(ub.cpu_seconds[tier], rel=1e-3)
