@@ -396,6 +396,13 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     return assignment, report
 
 
+def _size(num_bytes: float) -> str:
+    """Bytes for an error message: GiB with one decimal, MiB below one GiB (a tiny model's shortfall shows)."""
+    if abs(num_bytes) < GIB:
+        return f"{num_bytes / 2**20:.1f} MiB"
+    return f"{num_bytes / GIB:.1f} GiB"
+
+
 def _budget_flag(tier: str) -> str:
     return {"hbm": "--gpu-mem", "ddr": "--cpu-mem", "cxl": "--cxl-mem"}[tier]
 
@@ -412,8 +419,8 @@ def _check_capacity(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> 
     have = costs.budgets.hbm_bytes + costs.budgets.ddr_bytes + costs.budgets.cxl_bytes
     if need > have:
         short = need - have
-        raise InfeasibleError("compile", f"constraint mem_total: weights and KV cache need {need / GIB:.1f} GiB, "
-                              f"the budgets of all tiers allow {have / GIB:.1f} GiB (short by {short / GIB:.1f} GiB)",
+        raise InfeasibleError("compile", f"constraint mem_total: weights and KV cache need {_size(need)}, the budgets of "
+                              f"all tiers allow {_size(have)} (short by {_size(short)})",
                               tier="all", short_bytes=short)
 
 
@@ -429,8 +436,8 @@ def _diagnose(costs: CostGraph, configs: dict[str, list[LayerConfig]], solver) -
         short = (var.value() or 0.0) * GIB
         if short > 1e-6 * GIB:
             allowed = budgets[tier]
-            parts.append(f"constraint mem_{tier}: needs {(allowed + short) / GIB:.1f} GiB, {_budget_flag(tier)} "
-                         f"allows {allowed / GIB:.1f} GiB (short by {short / GIB:.1f} GiB)")
+            parts.append(f"constraint mem_{tier}: needs {_size(allowed + short)}, {_budget_flag(tier)} "
+                         f"allows {_size(allowed)} (short by {_size(short)})")
             if short > worst[1]:
                 worst = (tier, int(short))
     if not parts:  # cannot happen when the elastic problem solved; keep the error honest anyway

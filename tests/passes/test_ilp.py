@@ -332,7 +332,7 @@ def test_model_larger_than_all_tiers():
     weights = sum(s.weight_bytes for s in graph.sublayers())
     costs = annotate_costs(graph, resolve_profile("spr-h100"), Workload(1, 16, 3),
                            TierBudgets(weights // 4, weights // 4, 0))
-    with pytest.raises(InfeasibleError, match=r"constraint mem_total: .* \(short by [0-9.]+ GiB\)") as info:
+    with pytest.raises(InfeasibleError, match=r"constraint mem_total: .* \(short by [0-9.]+ MiB\)") as info:
         solve_placement(costs)
     assert info.value.tier == "all" and info.value.short_bytes > weights // 2 - 2**20
 

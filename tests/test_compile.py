@@ -1,0 +1,186 @@
+"""`liac compile` end to end (real tracer, tiny models from config.json), its small parsers, schema freshness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from liac.api import compile_plans, parse_batches, parse_bytes, plan_costs, unit_prices, write_plans
+from liac.artifacts.validate import validate_path
+from liac.cli import main
+from liac.errors import LiacError
+from liac.plan import load_plan, schema_text
+
+ROOT = Path(__file__).parents[1]
+
+TINY_OPT = {"model_type": "opt", "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 4,
+            "ffn_dim": 512, "vocab_size": 1000, "max_position_embeddings": 256, "do_layer_norm_before": True,
+            "word_embed_proj_dim": 128, "activation_function": "relu", "enable_bias": True}
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 3, "intermediate_size": 352, "vocab_size": 1000,
+              "max_position_embeddings": 256, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+              "tie_word_embeddings": False}
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    def write(name, config):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        return str(folder)
+    return write
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsers
+
+
+def test_parse_batches():
+    assert parse_batches("1..256") == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert parse_batches("4..20") == (4, 8, 16)
+    assert parse_batches("64,1,8,8") == (1, 8, 64)
+    assert parse_batches(" 32 ") == (32,)
+    for bad in ("0", "x", "8..4", "3..16", "1,,2", "-1", "1.5", "0..8"):
+        with pytest.raises(LiacError) as info:
+            parse_batches(bad)
+        assert info.value.source == "--batch"
+
+
+def test_parse_bytes():
+    assert parse_bytes("24GiB", "--gpu-mem") == 24 * 2**30
+    assert parse_bytes("24GB", "--gpu-mem") == 24 * 10**9
+    assert parse_bytes("512MiB", "--gpu-mem") == 512 * 2**20
+    assert parse_bytes("1.5TiB", "--cpu-mem") == int(1.5 * 2**40)
+    assert parse_bytes("1000", "--cpu-mem") == 1000
+    assert parse_bytes("0", "--cxl-mem") == 0
+    for bad in ("24 parsecs", "GiB", "-1GiB", "1e9"):
+        with pytest.raises(LiacError, match="must be a size like"):
+            parse_bytes(bad, "--gpu-mem")
+
+
+def test_committed_schema_is_generated_from_plan_py():
+    assert (ROOT / "liac" / "schema" / "offload-plan-v1.schema.json").read_text() == schema_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_sweep_writes_valid_plans_index_and_table(tiny, tmp_path, capsys):
+    model = tiny("tiny-opt", TINY_OPT)
+    out = tmp_path / "sweep"
+    code = main(["compile", "--model", model, "--hw", "spr-h100", "--batch", "1..8", "--prompt-len", "32",
+                 "--gen-len", "8", "--gpu-mem", "2MiB", "-o", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "batch" in text and "decode policy" in text and "wrote" in text
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(["index.yaml"] + [f"tiny-opt.spr-h100.b{b}-p32-g8.yaml" for b in (1, 2, 4, 8)])
+    index = yaml.safe_load((out / "index.yaml").read_text())
+    assert [p["batch_size"] for p in index["points"]] == [1, 2, 4, 8]
+    for row in index["points"]:
+        plan = load_plan(out / row["file"])
+        assert row["total_seconds"] == plan.status.predicted.total_seconds
+        assert row["memory"]["hbm_bytes"] <= 2 * 2**20
+        assert row["solver"]["status"] == "optimal" and row["solver"]["gap"] == 0.0
+        assert set(row["decode"].replace("+", "").replace("x", "")) <= set("0123456789CG")
+    # liac validate's checks (schema, semantics, footprint recomputed from the architecture, index vs plans)
+    checked, findings = validate_path(out)
+    assert [f.line() for f in findings if f.severity == "error"] == []
+    assert len(checked) == 5
+
+
+def test_compiling_twice_is_byte_identical(tiny, tmp_path):
+    model = tiny("tiny-llama", TINY_LLAMA)
+    outputs = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert main(["compile", "--model", model, "--hw", "h200-amx16", "--batch", "1,16", "--prompt-len", "16",
+                     "--gen-len", "4", "--gpu-mem", "3MiB", "--solver", "cbc", "-o", str(out)]) == 0
+        outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0]) == 3
+
+
+def test_single_point_to_a_file_and_policy(tiny, tmp_path, capsys):
+    model = tiny("tiny-opt", TINY_OPT)
+    target = tmp_path / "plan.yaml"
+    assert main(["compile", "--model", model, "--hw", "spr-h100-cxl", "--batch", "2", "--policy", "lia-cpu",
+                 "--gpu-mem", "1MiB", "--cxl-mem", "1GiB", "-o", str(target)]) == 0
+    plan = load_plan(target)
+    assert plan.metadata.name == "tiny-opt.spr-h100-cxl.b2-p128-g32.lia-cpu"
+    assert plan.spec.budgets.cxl_bytes == 2**30 and plan.spec.budgets.gpu_bytes == 2**20
+    for group in plan.spec.layer_groups:
+        if group.layer_class == "decoder" and group.kv_cache != "hbm":
+            assert {s.decode for s in group.sublayers} == {"cpu"}
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["--batch", "x"], "--batch"),
+    (["--gpu-mem", "24 parsecs"], "--gpu-mem"),
+    (["--policy", "fastest"], "--policy"),
+    (["--hw", "nope"], "--hw"),
+    (["--cxl-mem", "1GiB"], "--cxl-mem"),  # spr-h100 has no CXL
+    (["--prompt-len", "250", "--gen-len", "32"], "--gen-len"),  # beyond the model's 256 positions
+])
+def test_bad_flags_are_one_line(tiny, tmp_path, capsys, argv, where):
+    model = tiny("tiny-opt", TINY_OPT)
+    base = ["compile", "--model", model, "--hw", "spr-h100", "-o", str(tmp_path / "out")]
+    for i in range(0, len(argv), 2):  # later flags win over the base ones
+        if argv[i] in base:
+            base[base.index(argv[i]) + 1] = argv[i + 1]
+        else:
+            base += argv[i:i + 2]
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"liac compile: {where}: ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_infeasible_is_one_line_and_writes_nothing(tiny, tmp_path):
+    model = tiny("tiny-opt", TINY_OPT)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "liac.cli", "compile", "--model", model, "--hw", "spr-h100",
+                           "--batch", "4", "--gpu-mem", "1MiB", "--cpu-mem", "2MiB", "-o", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("liac compile: compile: batch 4: constraint mem_total: ")
+    assert "short by" in proc.stderr and "MiB" in proc.stderr
+    assert not out.exists()
+
+
+def test_sweep_keeps_feasible_points_and_lists_the_rest(tiny, tmp_path):
+    model = tiny("tiny-llama", TINY_LLAMA)
+    # KV grows with the batch: 1 fits in 4 MiB of DDR, 64 does not (nor in all tiers together)
+    result = compile_plans(model, "spr-h100", batches=(1, 64), prompt_len=64, gen_len=8, gpu_mem=0,
+                           cpu_mem=4 * 2**20)
+    assert [p.plan.spec.workload.batch_size for p in result.points] == [1]
+    assert [b for b, _ in result.infeasible] == [64]
+    write_plans(result, tmp_path / "sweep")
+    index = yaml.safe_load((tmp_path / "sweep" / "index.yaml").read_text())
+    assert index["infeasible"][0]["batch_size"] == 64 and "mem_total" in index["infeasible"][0]["reason"]
+    with pytest.raises(LiacError, match="names one file"):
+        write_plans(result, tmp_path / "one.yaml")
+
+
+def test_explain_can_reprice_a_plan(tiny, tmp_path):
+    """plan_costs rebuilds the CostGraph from spec alone; unit_prices gives both devices' times per unit."""
+    model = tiny("tiny-opt", TINY_OPT)
+    result = compile_plans(model, "spr-h100", batches=(4,), prompt_len=32, gen_len=8, gpu_mem=2**21)
+    point = result.points[0]
+    again = plan_costs(point.plan)
+    assert again.to_json() == point.costs.to_json()
+    prices = unit_prices(point.plan)
+    groups = point.plan.spec.layer_groups
+    assert len(prices) == 2 * sum(len(g.sublayers) for g in groups)
+    for price in prices:
+        assert price.gpu_seconds > 0
+        if price.device == "cpu":
+            assert price.cpu_seconds is not None and price.cpu_seconds > 0
