@@ -15,7 +15,7 @@ nothing of model families. It works on any exported graph whose `nn_module_stack
 3. **Element-wise components** (connected element-wise ops) join an anchor: ops on the scores between q·Kᵀ and
    softmax (scale, mask) fuse into q·Kᵀ at no FLOPs; a component holding top-k is the MoE router (with its gate
    GEMM); one that mixes q/k with auxiliary tensors is RoPE; one fed by the activation is the gated product
-   (SiLU(gate)·up); any other joins its single producer (an epilogue such as OPT's q scaling).
+   (SiLU(gate)·up); any other joins its single producer (an epilogue such as OPT's q scaling, free after a GEMM).
 4. **Roles by structure.** Sibling GEMMs reading the same input fuse (q/k/v → qkv, gate/up → gate_up); GEMMs
    feeding attention are `qkv`, the one reading attention's output `out_proj`, the one feeding the activation
    `fc1`/`gate_up` (gated), the one reading it `fc2`/`down`; norms and residual adds are named by what they feed
@@ -620,7 +620,11 @@ class _Grouper:
                 act = next(g for g in producers.values() if g.kind == "activation")
                 self._merge(act, group).gated = len(producers) > 1
             elif len(producers) == 1 and not reads_input:
-                self._merge(next(iter(producers.values())), group)
+                producer = next(iter(producers.values()))
+                if producer.kind == "linear":  # a GEMM epilogue (OPT's q scaling, a cast): fused, no FLOPs
+                    for op in group.ops:
+                        op.flops = 0
+                self._merge(producer, group)
             elif not producers and len(consumers) == 1:
                 self._merge(next(iter(consumers.values())), group)
             else:
