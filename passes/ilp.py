@@ -252,8 +252,10 @@ def _solver(options: SolverOptions):
     if name == "highs":
         if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
             raise LiacError("--solver", "'highs' needs the highspy package: pip install highspy")
+        # Tight tolerances: at HiGHS's defaults (1e-6) the proof of optimality is only good to ~1e-6 relative.
         return "HiGHS", pulp.HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
-                                   timeLimit=options.time_limit_seconds, random_seed=0)
+                                   timeLimit=options.time_limit_seconds, mip_feasibility_tolerance=1e-9,
+                                   primal_feasibility_tolerance=1e-9)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that 4.0 unbundles CBC; the bundled one is what we use
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -281,16 +283,36 @@ def _quiet_stdout():
         os.close(saved)
 
 
+def _levels(problem, name: str, members: list[tuple[float, object, int]]):
+    """A shared buffer sized by the largest member in use (Eq. 12), as a staircase of binaries.
+
+    `members` are (size GiB, count variable, count bound). Level j (sizes sorted s_1 < … < s_m) has a binary z_j
+    that must be 1 when any member of size ≥ s_j is used: Σ counts of those members ≤ bound · z_j. The buffer is
+    Σ_j (s_j − s_{j−1}) · z_j. Summing the counts per level (rather than one binary per configuration) gives a much
+    tighter LP relaxation: when every layer streams, the relaxation already charges the full buffer.
+    """
+    sizes = sorted({size for size, _, _ in members if size > 0})
+    total, previous, below = [], 0.0, None
+    for level, size in enumerate(sizes):
+        z = problem.add_variable(f"{name}_level[{level}]", cat="Binary")
+        users = [(var, bound) for s, var, bound in members if s >= size]
+        problem += pulp.lpSum(var for var, _ in users) <= sum(bound for _, bound in users) * z, \
+            f"{name}_used[{level}]"
+        if below is not None:
+            problem += z <= below, f"{name}_stair[{level}]"
+        total.append((size - previous) * z)
+        previous, below = size, z
+    return pulp.lpSum(total)
+
+
 def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: bool):
     """The master problem (Eqs. 10-13). With `elastic`, capacities may be exceeded at a price (diagnosis)."""
     budgets = costs.budgets
     problem = pulp.LpProblem("placement", pulp.LpMinimize)
     count = {}
-    used = {}
     objective = []
     memory = {"hbm": [], "ddr": [], "cxl": []}
-    staging = problem.add_variable("staging_gib", lowBound=0)
-    workspace = problem.add_variable("workspace_gib", lowBound=0)
+    stagers, workers = [], []
     host_workspace = max(cls.workspace_bytes for cls in costs.classes) / GIB
     for cls in costs.classes:
         options = configs[cls.layer_class]
@@ -298,25 +320,21 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
             key = (cls.layer_class, index)
             if cls.count == 1:
                 var = problem.add_variable(f"pick[{cls.layer_class},{index}]", cat="Binary")
-                flag = var
             else:
                 var = problem.add_variable(f"n[{cls.layer_class},{index}]", lowBound=0, upBound=cls.count,
-                                      cat="Integer")
-                flag = None
-                if config.staging_bytes or config.uses_gpu:
-                    flag = problem.add_variable(f"y[{cls.layer_class},{index}]", cat="Binary")
-                    problem += var <= cls.count * flag, f"link[{cls.layer_class},{index}]"  # Eq. 12
-            count[key], used[key] = var, flag
+                                           cat="Integer")
+            count[key] = var
             objective.append(config.seconds * var)
             for tier in memory:
                 if config.tier_bytes(tier):
                     memory[tier].append(config.tier_bytes(tier) / GIB * var)
-            if config.staging_bytes:
-                problem += staging >= config.staging_bytes / GIB * flag, f"stage[{cls.layer_class},{index}]"
-            if config.uses_gpu and cls.workspace_bytes:
-                problem += workspace >= cls.workspace_bytes / GIB * flag, f"work[{cls.layer_class},{index}]"
+            stagers.append((config.staging_bytes / GIB, var, cls.count))
+            if config.uses_gpu:
+                workers.append((cls.workspace_bytes / GIB, var, cls.count))
         problem += pulp.lpSum(count[(cls.layer_class, i)] for i in range(len(options))) == cls.count, \
             f"layers[{cls.layer_class}]"  # Eq. 10
+    staging = _levels(problem, "staging", stagers)
+    workspace = _levels(problem, "workspace", workers)
     memory["hbm"].append((budgets.prefetch_depth + 1) * staging + workspace)
     if costs.tied_weight_bytes:  # a tied matrix is stored once when embed and head put it in the same tier
         for tier in costs.tiers:
