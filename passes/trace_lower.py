@@ -137,10 +137,6 @@ class _Value:
     source: "_Value | None" = None  # the value a slice was cut from (None: not a slice)
 
     @property
-    def root(self) -> "_Value":
-        return self.source.root if self.source is not None else self
-
-    @property
     def nbytes(self) -> int:
         return self.storage * self.dtype.itemsize
 
@@ -256,7 +252,8 @@ class _Builder:
                 if role not in INPUT_ROLES:
                     raise ValueError(f"input role must be one of {INPUT_ROLES}, got {role!r}")
                 kind = {"data": "data", "aux": "aux"}.get(role, "kv_past")
-                value = _Value(node.name, shape, val.dtype, kind, storage=_numel(shape), cache=role[0])
+                value = _Value(node.name, shape, val.dtype, kind, storage=_numel(shape),
+                               cache=role[0] if kind == "kv_past" else "")
                 if role == "data":
                     self.class_input = value
                     self._stream.add(id(value))
@@ -472,9 +469,8 @@ class _Group:
         return ", ".join(f"'{op.name}' ({op.target})" for op in sorted(self.ops, key=lambda o: o.index)[:6])
 
 
-_ANCHOR_KIND = {"gemm_w": "linear", "gemm": "attention", "score": "attention_score", "context": "attention_context",
-                "softmax": "softmax", "act": "activation", "norm": "norm", "gather": "embedding",
-                "residual": "add"}
+_ANCHOR_KIND = {"gemm_w": "linear", "score": "attention_score", "context": "attention_context", "softmax": "softmax",
+                "act": "activation", "norm": "norm", "gather": "embedding", "residual": "add"}
 
 
 class _Grouper:
@@ -512,8 +508,8 @@ class _Grouper:
             self.group_of[op.name] = into
         return into
 
-    def producers(self, group: _Group) -> tuple[set[int], bool]:
-        """Ids of groups feeding `group`, and whether it reads the class input."""
+    def producers(self, group: _Group) -> tuple[dict[int, _Group], bool]:
+        """Groups feeding `group` (by id), and whether it reads the class input."""
         out, reads_input = {}, False
         for op in group.ops:
             for value in op.inputs:
@@ -526,6 +522,7 @@ class _Grouper:
         return out, reads_input
 
     def consumers(self, group: _Group) -> dict[int, _Group]:
+        """Groups reading `group`'s outputs (by id); cache writes and the class output are not groups."""
         out = {}
         for op in group.ops:
             for reader in self.readers.get(op.name, ()):
@@ -642,7 +639,7 @@ class _Grouper:
             data = [v for v in gemm.inputs if v.kind != "param"]
             if not data:
                 continue
-            key = id(data[0].root)
+            key = id(data[0])  # views alias one value; two slices of a tensor are different inputs
             by_input[key] = self._merge(by_input[key], group) if key in by_input else group
 
 
