@@ -61,7 +61,7 @@ class TierBudgets:
     hbm_bytes: int
     ddr_bytes: int
     cxl_bytes: int
-    prefetch_depth: int = 1  # staging buffers on the GPU = prefetch_depth + 1 (Eq. 10)
+    prefetch_depth: int = 1  # staging buffers on the GPU = prefetch_depth + 1 (Eq. 11)
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
 
 
 def cpu_throughput_rows(sub: Sublayer, batch: int, query: int) -> float:
-    """GEMM rows M that set the AMX rate (Eq. 2): B·Q tokens for weight GEMMs, Q for attention (per head)."""
+    """GEMM rows M that set the AMX rate (Eq. 1): B·Q tokens for weight GEMMs, Q for attention (per head)."""
     if sub.kind in _ATTENTION:
         return float(query)
     if sub.kind == "experts":
@@ -380,7 +380,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
 
 
 def _workspace_bytes(subs: list[Sublayer], points) -> float:
-    """Activation bytes live at once (Eq. 11): the largest node's activation inputs plus outputs."""
+    """Activation bytes live at once (Eq. 14): the largest node's activation inputs plus outputs."""
     peak = 0.0
     for point in points:
         for s in subs:
