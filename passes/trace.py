@@ -15,6 +15,7 @@ The LM head is priced for Q query positions. Generation needs only the last posi
 cost model evaluates the head with Q = 1 in both phases; this pass only provides the polynomial.
 
 Example:
+    >>> from liac.models import resolve_model
     >>> g = trace_model(resolve_model("opt-1.3b"))
     >>> g.nodes["decoder.fc1"]["sublayer"].weight_bytes == 2 * (2048 * 8192 + 8192)   # bf16 weight + bias
     True
@@ -31,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 
 from liac.ir import LAYER_CLASSES, Poly, Sublayer, SublayerGraph, TensorSpec
 from liac.models.config import ModelConfig
-from liac.passes.trace_lower import INPUT, LoweredLayer, lower_program
+from liac.passes.trace_lower import INPUT, LoweredLayer, LoweringError, lower_program
 
 __all__ = ["trace_model", "trace_layer", "ClassTemplate", "TemplateEdge", "TraceError", "CORNERS", "CHECK_POINT",
            "symbolic_dim"]
@@ -168,8 +169,14 @@ def trace_layer(module, make_inputs: Callable[[int, int, int], tuple], layer_cla
         inputs = make_inputs(*point)
         key = tuple((tuple(t.shape), t.dtype) for t in inputs)
         if key not in by_shapes:
-            ep = torch.export.export(module, inputs, strict=False)
-            by_shapes[key] = lower_program(ep, module, layer_class, input_roles, output_roles, weight_name)
+            try:
+                ep = torch.export.export(module, inputs, strict=False)
+                by_shapes[key] = lower_program(ep, module, layer_class, input_roles, output_roles, weight_name)
+            except LoweringError as e:
+                raise TraceError(f"{layer_class} at (B, Q, C) = {point}: {e}") from e
+            except Exception as e:  # torch.export's own failures: name the class and the point
+                raise TraceError(f"{layer_class}: torch.export failed at (B, Q, C) = {point}: "
+                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         lowered[point] = by_shapes[key]
         if _structure(lowered[point]) != _structure(lowered[points[0]]):
             raise TraceError(f"{layer_class}: the sublayer structure at {point} differs from the one at "

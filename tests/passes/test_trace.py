@@ -253,3 +253,6 @@ def test_unsupported_op_is_named():
     ep = torch.export.export(_Einsum(), (torch.empty(2, 3, 8, device="meta"),))
     with pytest.raises(LoweringError, match="einsum"):
         lower_program(ep, _Einsum(), "embed", ("data",), ("data",), lambda t: t)
+    with pytest.raises(TraceError, match=r"embed at \(B, Q, C\) = \(2, 3, 7\): .*einsum"):
+        trace_layer(_Einsum(), lambda B, Q, C: (torch.empty(B, Q, 8, device="meta"),), "embed", ("data",),
+                    ("data",), lambda t: t)
