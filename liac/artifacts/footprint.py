@@ -18,7 +18,8 @@ from functools import lru_cache
 
 from liac.models.config import ModelConfig
 
-__all__ = ["DTYPE_BYTES", "TierFootprint", "unit_weight_bytes", "kv_bytes_per_layer", "kv_tokens", "tier_footprint"]
+__all__ = ["DTYPE_BYTES", "TierFootprint", "unit_weight_bytes", "kv_bytes_per_layer", "kv_tokens", "tier_footprint",
+           "group_tier_bytes"]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -119,3 +120,19 @@ def tier_footprint(plan) -> dict[str, TierFootprint]:
                     shared.add((name, sub.weights))
                     weights[sub.weights] += numel * size
     return {tier: TierFootprint(tier, weights[tier], kv[tier]) for tier in TIERS}
+
+
+def group_tier_bytes(plan, group) -> dict[str, int]:
+    """Bytes one layer of a decoder `group` of `plan` keeps per tier: its units' weights and its KV cache."""
+    from liac.plan import TIERS
+
+    cfg = plan.model_config
+    weights = unit_weight_bytes(cfg)
+    work = plan.spec.workload
+    out = {tier: 0 for tier in TIERS}
+    for sub in group.sublayers:
+        if sub.weights in out:
+            out[sub.weights] += weights[(group.layer_class, sub.name)]
+    if group.kv_cache in out:
+        out[group.kv_cache] += kv_bytes_per_layer(cfg, work.batch_size, kv_tokens(work.prompt_len, work.gen_len))
+    return out

@@ -1,0 +1,240 @@
+"""Plan → why each sublayer runs where it does: prices on both devices, transfers, and the binding constraints.
+
+`liac explain` re-prices a plan from its `spec` through the compiler's library (`liac.api.plan_costs`: the same
+trace, profile and cost equations the solver used; the profile must still hash to `spec.hardware.sha256`), then:
+
+- per layer group, phase and unit: the unit's predicted time on the CPU and on the GPU as the plan places its
+  tensors (`liac.api.unit_prices`), the PCIe transfers each choice implies, the streaming the GPU would need;
+- the *flip test*: the layer's time (Eq. 7 of docs/cost-model.md, `liac.passes.costs.layer_seconds`) with that
+  one unit moved to the other device, everything else as planned. A positive difference is what the choice
+  saves; a move that would be faster but was not taken is explained by memory (the bigger staging buffer it
+  needs does not fit in HBM); an impossible move says which rule forbids it;
+- per tier, its use against the budget and whether it binds: HBM binds when making one more decoder layer as
+  HBM-heavy as the most resident group would not fit ("GPU memory full at 23.8 of 24.0 GiB: 20 layers resident").
+
+The per-unit prices are means over the phase's steps, per layer (decode: per token step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from liac.artifacts.footprint import group_tier_bytes
+from liac.artifacts.validate import BUDGET_FIELD, format_gib, staging_buffers
+
+__all__ = ["UnitExplanation", "TierPressure", "GroupInfo", "Explanation", "explain_plan", "render_text"]
+
+_TIER_WORDS = {"hbm": "GPU memory (hbm)", "ddr": "host DDR (ddr)", "cxl": "CXL memory (cxl)"}
+
+
+@dataclass(frozen=True)
+class UnitExplanation:
+    """One unit of one group in one phase. Seconds are per layer (decode: per token step); None = not allowed."""
+
+    group: str
+    unit: str
+    phase: str
+    device: str
+    operand_tier: str
+    cpu_seconds: float | None
+    gpu_seconds: float
+    transfer_seconds_on_cpu: float
+    transfer_seconds_on_gpu: float
+    stream_seconds_on_gpu: float
+    flip_delta_seconds: float | None  # layer time if this unit alone moved, minus the planned layer time
+    reason: str
+
+
+@dataclass(frozen=True)
+class TierPressure:
+    """One tier's use against its budget. `need_bytes`: on HBM, what one more decoder layer as resident as the
+    most resident group would add (0 when all are); on DDR/CXL, the smallest per-layer footprint of the plan. The
+    tier binds when `need_bytes` exceeds `free_bytes`."""
+
+    tier: str
+    used_bytes: int
+    budget_bytes: int
+    need_bytes: int
+    free_bytes: int
+    binding: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    name: str
+    layer_class: str
+    first_layer: int
+    layer_count: int
+    kv_cache: str
+    layer_seconds: dict  # phase → planned time of one layer (decode: per step)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    source: str
+    model: str
+    hardware: str
+    batch_size: int
+    prompt_len: int
+    gen_len: int
+    objective: str
+    predicted: dict
+    tiers: tuple[TierPressure, ...]
+    groups: tuple[GroupInfo, ...]
+    units: tuple[UnitExplanation, ...]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _tier_pressure(plan) -> list[TierPressure]:
+    """HBM: could one more decoder layer be as HBM-heavy as the most resident group? DDR, CXL: is there room for
+    one more layer's data (the smallest per-layer footprint of the plan)? Binding when the answer is no."""
+    spec = plan.spec
+    used = {u.tier: u.used_bytes for u in plan.status.memory}
+    decoders = [g for g in spec.layer_groups if g.layer_class == "decoder"]
+    per_layer = {g.name: group_tier_bytes(plan, g) for g in decoders}
+    num_layers = sum(g.layer_count for g in decoders)
+    out = []
+    for tier, field in BUDGET_FIELD.items():
+        budget = getattr(spec.budgets, field)
+        if budget == 0:
+            continue
+        free = budget - used.get(tier, 0)
+        head = f"{_TIER_WORDS[tier]}: {format_gib(used.get(tier, 0))} of {format_gib(budget)} used"
+        if tier == "hbm":
+            heaviest = max(per_layer[g.name]["hbm"] for g in decoders)
+            holders = sum(g.layer_count for g in decoders if per_layer[g.name]["hbm"] == heaviest)
+            needs = [heaviest - per_layer[g.name]["hbm"] for g in decoders if per_layer[g.name]["hbm"] < heaviest]
+            need = min(needs) if needs else 0
+            what = f"{holders} of {num_layers} decoder layers resident; one more needs"
+            idle = (f"not binding: one more layer like the {holders} most resident would fit ({format_gib(need)} "
+                    f"of {format_gib(free)} free), and the solver found it no faster")
+        else:
+            need = min(sum(per_layer[g.name].values()) for g in decoders)
+            what = "one more layer's weights and KV cache need"
+            idle = "not binding"
+        if need and need > free:
+            message = (f"{_TIER_WORDS[tier].split(' (')[0]} full at {format_gib(used.get(tier, 0))} of "
+                       f"{format_gib(budget)}: {what} {format_gib(need)}, {format_gib(max(free, 0))} free")
+            out.append(TierPressure(tier, used.get(tier, 0), budget, need, free, True, message))
+        else:
+            out.append(TierPressure(tier, used.get(tier, 0), budget, need, free, False,
+                                    f"{head}; {idle if need else 'not binding'}"))
+    return out
+
+
+def _flip_reason(operand: str, tier: str, price, delta, staging_needed, staging_free) -> str:
+    """Why `price.device`: from the flip test's `delta` (None when the other device is not allowed)."""
+    other = "GPU" if price.device == "cpu" else "CPU"
+    if delta is None:
+        if price.device == "gpu" and operand == "kv":
+            return "must run on the GPU: the CPU does not read a KV cache held in HBM"
+        if price.device == "gpu":
+            return "weights resident in HBM: the CPU does not compute from HBM"
+        return "no other device allowed"
+    if delta >= 0:
+        parts = []
+        if other == "GPU" and price.stream_seconds_on_gpu:
+            what = "weights" if operand == "weights" else "KV cache"
+            parts.append(f"streaming its {what} from {tier.upper()} takes {_ms(price.stream_seconds_on_gpu)}")
+        on_other = price.transfer_seconds_on_gpu if other == "GPU" else price.transfer_seconds_on_cpu
+        here = price.transfer_seconds_on_cpu if other == "GPU" else price.transfer_seconds_on_gpu
+        if on_other > here:
+            parts.append(f"PCIe transfers grow by {_ms(on_other - here)}")
+        elif here > on_other:
+            parts.append(f"its PCIe transfers here cost {_ms(here - on_other)}")
+        why = f" ({'; '.join(parts)})" if parts else ""
+        return f"on the {other} the layer would take {_ms(delta)} longer{why}"
+    if staging_needed > staging_free:
+        return (f"on the {other} the layer would be {_ms(-delta)} faster, but its staging buffers would need "
+                f"{format_gib(staging_needed)} more HBM, {format_gib(max(staging_free, 0))} free")
+    return (f"on the {other} the layer would be {_ms(-delta)} faster alone; the solver's joint choice over all "
+            "layers and tiers keeps it here")
+
+
+def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
+    """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
+    import numpy as np
+
+    from liac.api import plan_costs, unit_prices
+    from liac.passes.costs import layer_seconds
+    from liac.passes.ilp import unit_tiers
+
+    costs = plan_costs(plan, hw=hw)
+    prices = {(p.group, p.unit, p.phase): p for p in unit_prices(plan, costs=costs)}
+    spec = plan.spec
+    used_hbm = next((u.used_bytes for u in plan.status.memory if u.tier == "hbm"), 0)
+    hbm_free = spec.budgets.gpu_bytes - used_hbm
+    buffers = staging_buffers(max(spec.execution.prefetch_depth, 1))
+    groups, units = [], []
+    for group in spec.layer_groups:
+        cls = costs.layer_class(group.layer_class)
+        tiers = unit_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
+        layer = {}
+        for phase in ("prefill", "decode"):
+            steps = max(cls.phase(phase).steps, 1)
+            planned = np.array([1 if getattr(s, phase) == "gpu" else 0 for s in group.sublayers])
+            masks = np.vstack([planned] + [np.where(np.arange(len(planned)) == i, 1 - planned, planned)
+                                           for i in range(len(planned))])
+            seconds, staging, valid, _ = layer_seconds(costs, cls, phase, tiers, masks)
+            layer[phase] = float(seconds[0]) / steps
+            for index, sub in enumerate(group.sublayers):
+                price = prices[(group.name, sub.name, phase)]
+                operand = cls.operands[index]
+                tier = tiers[index] if operand != "none" else "none"
+                delta = float(seconds[index + 1] - seconds[0]) / steps if valid[index + 1] else None
+                extra_staging = max(0.0, float(staging[index + 1]) - spec.execution.staging_bytes) * buffers
+                reason = _flip_reason(operand, tier, price, delta, extra_staging, hbm_free)
+                units.append(UnitExplanation(group.name, sub.name, phase, price.device, tier,
+                                             price.cpu_seconds, price.gpu_seconds, price.transfer_seconds_on_cpu,
+                                             price.transfer_seconds_on_gpu, price.stream_seconds_on_gpu, delta,
+                                             reason))
+        groups.append(GroupInfo(group.name, group.layer_class, group.first_layer, group.layer_count,
+                                group.kv_cache, layer))
+    predicted = plan.status.predicted
+    return Explanation(
+        source, spec.model.name, spec.hardware.profile, spec.workload.batch_size, spec.workload.prompt_len,
+        spec.workload.gen_len, spec.workload.objective,
+        {"prefill_seconds": predicted.prefill_seconds, "decode_seconds_per_token": predicted.decode_seconds_per_token,
+         "total_seconds": predicted.total_seconds, "tokens_per_second": predicted.tokens_per_second},
+        tuple(_tier_pressure(plan)), tuple(groups), tuple(units))
+
+
+def render_text(ex: Explanation) -> str:
+    """Plain-text report: header, memory per tier (binding first), then one table per group and phase."""
+    p = ex.predicted
+    lines = [f"{ex.source}: {ex.model} on {ex.hardware}, batch {ex.batch_size}, prompt {ex.prompt_len}, "
+             f"gen {ex.gen_len} (objective {ex.objective})",
+             f"predicted: prefill {p['prefill_seconds']:.3g} s, decode {p['decode_seconds_per_token']:.3g} s/token, "
+             f"total {p['total_seconds']:.3g} s, {p['tokens_per_second']:.3g} tokens/s", "",
+             "Memory per tier (binding constraints first):"]
+    for tier in sorted(ex.tiers, key=lambda t: not t.binding):
+        lines.append(f"  {'BINDING ' if tier.binding else ''}{tier.message}")
+    header = (f"    {'unit':<13} {'device':<6} {'operand in':<10} {'CPU':>11} {'GPU':>11} {'PCIe if CPU':>11} "
+              f"{'if GPU':>11} {'stream':>11}   why (stream: if on the GPU)")
+    for group in ex.groups:
+        last = group.first_layer + group.layer_count - 1
+        span = group.layer_class if group.layer_class != "decoder" else (
+            f"layer {last}" if group.layer_count == 1 else f"layers {group.first_layer}..{last}")
+        kv = f", KV cache in {group.kv_cache}" if group.kv_cache != "none" else ""
+        lines += ["", f"group '{group.name}': {span} ({group.layer_count} layer"
+                      f"{'s' if group.layer_count > 1 else ''}){kv}"]
+        for phase in ("prefill", "decode"):
+            per = "per layer" if phase == "prefill" else "per layer per token step"
+            lines += [f"  {phase}: {_ms(group.layer_seconds[phase])} {per}", header]
+            for u in ex.units:
+                if u.group != group.name or u.phase != phase:
+                    continue
+                numbers = (u.cpu_seconds, u.gpu_seconds, u.transfer_seconds_on_cpu, u.transfer_seconds_on_gpu,
+                           u.stream_seconds_on_gpu)
+                lines.append(f"    {u.unit:<13} {u.device.upper():<6} {u.operand_tier:<10} "
+                             + " ".join(f"{_ms(n):>11}" for n in numbers) + f"   {u.reason}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,131 @@
+"""`liac explain` on real compiled plans: re-pricing reproduces the plan's predictions, flips agree with re-pricing
+a moved plan, the binding tier is the one a hand count says is full, bad profiles are one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from liac.api import compile_plans, write_plans
+from liac.artifacts.explain import explain_plan
+from liac.cli import main
+from liac.models import ZOO
+from liac.passes.trace import trace_model
+
+GIB = 2**30
+MODEL = "opt-1.3b"  # 24 layers of 2048: small enough to compile in seconds, big enough to offload
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """A tight GPU budget (some layers resident, the rest offloaded) and a roomy one (everything resident)."""
+    graph = trace_model(ZOO[MODEL])
+    tight = compile_plans(MODEL, "spr-h100", batches=(1, 64), gpu_mem=int(1.5 * GIB), graph=graph)
+    roomy = compile_plans(MODEL, "spr-h100", batches=(1,), graph=graph)
+    out = tmp_path_factory.mktemp("plans")
+    write_plans(tight, out / "tight")
+    write_plans(roomy, out / "roomy")
+    return {"tight": [p.plan for p in tight.points], "roomy": roomy.points[0].plan, "dir": out}
+
+
+def _opt_layer_bytes(d: int, f: int) -> dict[str, int]:
+    """Hand-derived bf16 weight bytes of an OPT decoder layer's units."""
+    return {"qkv": 2 * (2 * d + 3 * d * d + 3 * d), "out_proj": 2 * (d * d + d), "fc1": 2 * (2 * d + d * f + f),
+            "fc2": 2 * (f * d + d), "attn_score": 0, "attn_context": 0}
+
+
+def test_repricing_from_spec_reproduces_the_predictions(compiled):
+    for plan in compiled["tight"] + [compiled["roomy"]]:
+        ex = explain_plan(plan)
+        work = plan.spec.workload
+        prefill = sum(g.layer_seconds["prefill"] * g.layer_count for g in ex.groups)
+        decode = sum(g.layer_seconds["decode"] * g.layer_count for g in ex.groups) * (work.gen_len - 1)
+        assert prefill == pytest.approx(plan.status.predicted.prefill_seconds, rel=1e-4)
+        assert decode == pytest.approx(plan.status.predicted.decode_seconds, rel=1e-4)
+        placed = {(g.name, s.name, phase): getattr(s, phase) for g in plan.spec.layer_groups for s in g.sublayers
+                  for phase in ("prefill", "decode")}
+        assert {(u.group, u.unit, u.phase): u.device for u in ex.units} == placed
+
+
+def test_flip_delta_equals_repricing_the_moved_plan(compiled):
+    plan = compiled["tight"][0]
+    ex = explain_plan(plan)
+    checked = 0
+    for u in ex.units:
+        if u.flip_delta_seconds is None or u.group in ("embed", "head") or checked >= 4:
+            continue
+        index = next(i for i, g in enumerate(plan.spec.layer_groups) if g.name == u.group)
+        group = plan.spec.layer_groups[index]
+        other = "gpu" if u.device == "cpu" else "cpu"
+        subs = tuple(dataclasses.replace(s, **{u.phase: other}) if s.name == u.unit else s for s in group.sublayers)
+        groups = list(plan.spec.layer_groups)
+        groups[index] = dataclasses.replace(group, sublayers=subs)
+        moved = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, layer_groups=tuple(groups)))
+        after = next(g for g in explain_plan(moved).groups if g.name == u.group).layer_seconds[u.phase]
+        before = next(g for g in ex.groups if g.name == u.group).layer_seconds[u.phase]
+        assert after - before == pytest.approx(u.flip_delta_seconds, rel=1e-6, abs=1e-12)
+        checked += 1
+    assert checked == 4
+
+
+def test_tight_budget_binds_hbm_as_a_hand_count_says(compiled):
+    cfg = ZOO[MODEL]
+    per_unit = _opt_layer_bytes(cfg.hidden_size, cfg.ffn_dim)
+    for plan in compiled["tight"]:
+        ex = explain_plan(plan)
+        hbm = next(t for t in ex.tiers if t.tier == "hbm")
+        work = plan.spec.workload
+        kv = 2 * work.batch_size * (work.prompt_len + work.gen_len - 1) * cfg.hidden_size * 2
+        heavy = {g.name: sum(per_unit[s.name] for s in g.sublayers if s.weights == "hbm")
+                 + (kv if g.kv_cache == "hbm" else 0) for g in plan.spec.layer_groups if g.layer_class == "decoder"}
+        top = max(heavy.values())
+        lighter = [top - v for v in heavy.values() if v < top]
+        assert hbm.need_bytes == (min(lighter) if lighter else 0)
+        assert hbm.free_bytes == plan.spec.budgets.gpu_bytes - next(u.used_bytes for u in plan.status.memory
+                                                                    if u.tier == "hbm")
+        assert hbm.binding == (hbm.need_bytes > hbm.free_bytes)
+        if hbm.binding:
+            holders = sum(g.layer_count for g in plan.spec.layer_groups if heavy.get(g.name) == top)
+            assert hbm.message.startswith("GPU memory full at ")
+            assert f": {holders} of {cfg.num_layers} decoder layers resident; one more needs " in hbm.message
+    assert any(next(t for t in explain_plan(p).tiers if t.tier == "hbm").binding for p in compiled["tight"])
+
+
+def test_roomy_budget_keeps_everything_resident_and_nothing_binds(compiled):
+    ex = explain_plan(compiled["roomy"])
+    assert not any(t.binding for t in ex.tiers)
+    for u in ex.units:
+        assert u.device == "gpu"
+        if u.operand_tier == "hbm" and u.unit not in ("attn_score", "attn_context"):
+            assert u.cpu_seconds is None and u.reason == "weights resident in HBM: the CPU does not compute from HBM"
+
+
+def test_cpu_units_say_what_the_gpu_would_cost(compiled):
+    ex = explain_plan(compiled["tight"][0])  # batch 1: LIA's regime, offloaded layers decode on the CPU
+    cpu = [u for u in ex.units if u.device == "cpu" and u.phase == "decode" and u.operand_tier == "ddr"]
+    assert cpu
+    for u in cpu:
+        assert u.cpu_seconds is not None and u.stream_seconds_on_gpu > 0
+        if u.flip_delta_seconds >= 0:
+            assert u.reason.startswith("on the GPU the layer would take ")
+            assert "streaming its" in u.reason
+
+
+def test_cli_text_json_and_changed_profile(compiled, capsys, tmp_path):
+    path = sorted((compiled["dir"] / "tight").glob("*b1-*.yaml"))[0]
+    assert main(["explain", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{path}: {MODEL} on spr-h100, batch 1, prompt 128, gen 32")
+    assert "Memory per tier (binding constraints first):\n  BINDING GPU memory full at" in text
+    assert main(["explain", "--format", "json", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["units"]) == 2 * sum(len(g.sublayers) for g in compiled["tight"][0].spec.layer_groups)
+    stale = tmp_path / "stale.yaml"
+    stale.write_text(path.read_text().replace(compiled["tight"][0].spec.hardware.sha256, "f" * 64))
+    assert main(["explain", str(stale)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("liac explain: spec.hardware.sha256: profile 'spr-h100' has changed since the plan was compiled "
+                   "(sha256 differs): pass the profile file it was compiled with\n")
+    assert main(["explain", "--hw", "spr-h100", str(stale)]) == 0
