@@ -1,7 +1,7 @@
 """The compiler's passes (installed as `liac.passes`), one per file, each a pure function over one IR.
 
     ModelConfig
-        │  trace_model                 passes/trace.py (+ trace_lower.py): torch.export on the meta device,
+        │  trace_model                 passes/trace.py (+ trace_ops.py, trace_lower.py): torch.export on meta,
         ▼                              aten ops grouped into sublayer nodes, costs as Poly in (B, Q, C)
     SublayerGraph[traced]
         │  annotate_costs              passes/costs.py: price every unit on CPU and GPU per phase, + HardwareProfile

@@ -1,9 +1,9 @@
 """ModelConfig → SublayerGraph[traced]: export each layer class on the meta device and lower it to sublayer nodes.
 
 The model is built from `liac.models` on the meta device (no weights, no memory), one layer of each class is
-exported with `torch.export` (the embedding, one decoder layer, the LM head), and `trace_lower.lower_program`
-groups the aten ops into sublayer nodes and counts their FLOPs and bytes. Nothing here knows a model family:
-costs come from the traced shapes and op kinds, so a new family that traces needs no new code.
+exported with `torch.export` (the embedding, one decoder layer, the LM head), and `trace_lower.lower_program` (on
+`trace_ops`' values and ops) groups the aten ops into sublayer nodes and counts their FLOPs and bytes. Nothing here
+knows a model family: costs come from the traced shapes and op kinds, so a new family that traces needs no new code.
 
 Costs as polynomials. Each class is exported at the 8 corners B∈{2,3} × Q∈{3,4} × C∈{7,9} (the past length
 C − Q is fed as k_past/v_past, which the layer's forward takes). Every count of every node is then solved exactly
