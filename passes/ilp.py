@@ -157,17 +157,23 @@ def unit_tiers(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> tupl
 
 def _pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
     """Indices (ascending) of the rows of `points` [n, d] that no other row dominates (all ≤, one <, all
-    minimised); of identical rows the first is kept."""
+    minimised); of identical rows the first is kept.
+
+    Rows are visited in lexicographic order (a dominating row sorts before the rows it dominates), each compared
+    only with the rows kept so far and the earlier rows of its chunk: O(n · kept), not O(n²).
+    """
     n = points.shape[0]
-    keep = np.ones(n, dtype=bool)
-    index = np.arange(n)
+    order = np.lexsort(np.vstack([np.arange(n)[None, :], points.T[::-1]]))
+    kept_rows = np.empty((0, points.shape[1]))
+    keep = np.zeros(n, dtype=bool)
     for start in range(0, n, chunk):
-        rows = points[start:start + chunk]  # [r, d] candidates; compared with every row [n, d]
-        le = np.all(points[None, :, :] <= rows[:, None, :], axis=2)  # [r, n]: row j ≤ candidate everywhere
-        lt = np.any(points[None, :, :] < rows[:, None, :], axis=2)
-        eq = le & ~lt
-        earlier = index[None, :] < index[start:start + chunk, None]
-        keep[start:start + chunk] = ~np.any((le & lt) | (eq & earlier), axis=1)
+        rows = order[start:start + chunk]
+        block = points[rows]  # [r, d]
+        dominated = np.all(kept_rows[None, :, :] <= block[:, None, :], axis=2).any(axis=1)
+        earlier = np.all(block[None, :, :] <= block[:, None, :], axis=2)  # [i, j]: row j ≤ row i everywhere
+        dominated |= np.tril(earlier, k=-1).any(axis=1)  # j before i in lexicographic order
+        keep[rows[~dominated]] = True
+        kept_rows = np.vstack([kept_rows, block[~dominated]])
     return np.nonzero(keep)[0]
 
 
@@ -223,17 +229,21 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: tuple[tuple | None,
                     memory[tier] += cls.weight_bytes[unit]
             if kv != "none":
                 memory[kv] += cls.kv_cache_bytes
+            combos = []
             for (pre, pre_s, pre_stage), (dec, dec_s, dec_stage) in itertools.product(fronts["prefill"],
                                                                                      fronts["decode"]):
                 policy_ok = allowed["prefill"][pre] and allowed["decode"][dec]
                 if not policy_ok and not (resident and all_gpu[pre] and all_gpu[dec]):
                     continue  # a resident layer must be resident in both phases, not mixed with a policy
-                candidates.append(LayerConfig(
+                combos.append(LayerConfig(
                     weights=tuple(weights), kv_cache=kv, prefill=tuple(int(v) for v in masks[pre]),
                     decode=tuple(int(v) for v in masks[dec]), prefill_seconds=pre_s, decode_seconds=dec_s,
                     hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
                     staging_bytes=int(round(max(pre_stage, dec_stage))),
                     uses_gpu=bool(masks[pre].any() or masks[dec].any())))
+            if combos:  # same tiers, same memory: only (seconds, staging, GPU use) can tell them apart
+                table = np.array([[c.seconds, c.staging_bytes, c.uses_gpu] for c in combos], dtype=np.float64)
+                candidates.extend(combos[i] for i in _pareto(table))
     if not candidates:
         return []
     table = np.array([[c.seconds, c.hbm_bytes, c.ddr_bytes, c.cxl_bytes, c.staging_bytes, c.uses_gpu]

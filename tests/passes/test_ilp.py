@@ -430,3 +430,13 @@ def test_opt175b_every_point_optimal_and_policies_never_beat_it(opt175_sweep):
                 if name == "decoder" and not (all(config.prefill) and all(config.decode)
                                               and set(config.weights) <= {"hbm", "none"}):
                     assert config.decode in POLICIES[policy] and config.prefill in POLICIES[policy]
+
+
+def test_ilp_imports_neither_torch_nor_models():
+    import subprocess
+    import sys
+
+    code = ("import sys, liac.passes.ilp; "
+            "print('torch' in sys.modules or any(m.startswith('liac.models') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
