@@ -28,6 +28,7 @@ def test_json_matches_hand_formulas(capsys):
     assert (model["family"], model["num_layers"], model["hidden_size"], model["num_heads"], model["num_kv_heads"]) \
         == ("opt", 24, d, 32, 32)
     assert abs(model["params"] - 1.32e9) / 1.32e9 < 0.01
+    assert model["tied_weights"] == {"lm_head.proj.weight": "embed.tokens.weight"}
     rows = {row["node"]: row for row in data["sublayers"]}
     fc1 = rows["decoder.fc1"]
     assert fc1["count"] == 24 and fc1["weight_bytes"] == 8 * d * d + 2 * 4 * d
@@ -56,6 +57,7 @@ def test_table_shows_model_gqa_layers_and_totals(capsys):
     for name in ("qkv", "rope", "attn_score", "attn_context", "out_proj", "gate_up", "down", "lm_head"):
         assert any(line.split()[:1] == [name] for line in lines), name
     assert lines[-1].startswith("total (all layers)")
+    assert not any(line.startswith("tied:") for line in lines)  # Llama 3.1 8B has its own LM head
 
 
 def test_config_json_and_checkpoint_dir(tmp_path, capsys):

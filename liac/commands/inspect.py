@@ -108,6 +108,7 @@ def inspect_data(graph, batch: int, prompt_len: int) -> dict[str, Any]:
                                        "head_dim", "ffn_dim", "vocab_size", "num_experts", "experts_top_k",
                                        "dtype")}
     model["params"] = params
+    model["tied_weights"] = dict(graph.graph.get("tied_weights", {}))
     return {"model": model, "workload": {"batch_size": batch, "prompt_len": prompt_len},
             "points": {phase: list(point) for phase, point in points.items()}, "sublayers": rows,
             "totals": totals}
@@ -146,8 +147,10 @@ def render_table(data: dict[str, Any]) -> str:
         f"{tuple(points['prefill'])}, decode first step = {tuple(points['decode'])}",
         "units: MB = 1e6 bytes, GFLOP = 1e9 FLOPs, bytes = read + written, per layer; the LM head's prefill row is "
         "for the last position",
-        "",
     ]
+    for head_weight, embed_weight in sorted(model["tied_weights"].items()):
+        lines.append(f"tied: {embed_weight} is {head_weight}; its MB are listed once, under lm_head")
+    lines.append("")
     header = ("sublayer", "kind", "unit", "weight MB", "prefill GFLOP", "prefill MB", "ops/byte",
               "decode GFLOP", "decode MB", "ops/byte")
     table = [header]
