@@ -1,1 +1,29 @@
-"""placeholder"""
+"""liac.runtime: execute an OffloadPlan on CPU (AMX) + GPU. The plan's `spec` is the only input it obeys.
+
+    from liac.runtime import Engine, RandomWeights
+    engine = Engine.from_plan("plan.yaml", weights="ckpt/")        # or RandomWeights(seed=0)
+    out = engine.generate(input_ids, max_new_tokens=32)            # greedy; out.token_ids [B, 32]
+
+Modules, in the order a run uses them:
+    schedule.py   plan → per-phase ops, activation moves, streaming units, bytes per tier (computed once)
+    backend.py    the 'gpu' device: CUDA, or the CPU-backed emulation for tests; streams, events, transfers
+    numa.py       the CXL tier: first CPU-less NUMA node, libnuma allocation (or the DDR fallback)
+    memory.py     one arena per tier (HBM, pinned DDR, CXL), sized before anything is allocated
+    weights.py    safetensors checkpoints tensor by tensor into their tiers, or seeded random weights
+    kernels.py    (op kind, device) → kernel; optional IPEX
+    kvcache.py    per-layer KV cache in its tier
+    staging.py    host → GPU streaming into staging buffers on a copy stream, prefetch_depth layers ahead
+    executor.py   ops bound to liac.models sublayer modules; one loop per pass
+    engine.py     Engine.from_plan (checks, allocation, loading) and generate / profile
+    metrics.py    measured vs predicted, JSON
+    cli.py        lia-run
+
+It never imports liac.passes (tests/runtime/test_runtime_imports.py checks it).
+"""
+
+from liac.runtime.backend import Backend, CudaBackend, EmulatedBackend, make_backend
+from liac.runtime.engine import Engine, Generation, RandomWeights
+from liac.runtime.schedule import Schedule, build_schedule
+
+__all__ = ["Engine", "Generation", "RandomWeights", "Backend", "CudaBackend", "EmulatedBackend", "make_backend",
+           "Schedule", "build_schedule"]

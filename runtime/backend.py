@@ -1,0 +1,240 @@
+"""Backends: what the plan's 'cpu' and 'gpu' devices are, and the streams, events and copies between them.
+
+    CudaBackend       'gpu' is cuda:0: a dedicated copy stream, CUDA events, page-locked host memory.
+    EmulatedBackend   'gpu' is torch.device('cpu') behind the same interface: streams and events do nothing and
+                      copies are plain memcpys. For tests and CI without a GPU; never chosen silently: only
+                      `make_backend(emulate_gpu=True)`, `lia-run --emulate-gpu` or LIAC_EMULATE_GPU=1 select it.
+
+The executor only talks to this interface, so one executor serves both; the transfer counters here are what the
+tests use to check that activations cross PCIe exactly where the plan says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from liac.errors import LiacError
+
+__all__ = ["Backend", "CudaBackend", "EmulatedBackend", "CpuOnlyBackend", "TransferCounts", "make_backend",
+           "EMULATE_ENV", "host_available_bytes"]
+
+EMULATE_ENV = "LIAC_EMULATE_GPU"
+
+
+@dataclass
+class TransferCounts:
+    """Bytes and copies that crossed between the 'cpu' and 'gpu' devices (activations, KV writes, streaming)."""
+
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    h2d_copies: int = 0
+    d2h_copies: int = 0
+    streamed_bytes: int = 0  # weights and KV copied into staging buffers (a subset of h2d_bytes)
+    by_value: dict[str, int] = field(default_factory=dict)  # activation name ('x', 'q', ...) → copies
+
+    def count(self, nbytes: int, to_gpu: bool, value: str = "") -> None:
+        if to_gpu:
+            self.h2d_bytes += nbytes
+            self.h2d_copies += 1
+        else:
+            self.d2h_bytes += nbytes
+            self.d2h_copies += 1
+        if value:
+            self.by_value[value] = self.by_value.get(value, 0) + 1
+
+
+class _NullEvent:
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+class Backend:
+    """The interface the executor uses. `devices['cpu']` / `devices['gpu']` are the torch devices of the plan's
+    devices; `pin_memory` says whether host tiers are page-locked (then host→GPU copies are asynchronous)."""
+
+    name = "abstract"
+    emulated = False
+    pin_memory = False
+
+    def __init__(self, gpu: torch.device):
+        self.devices = {"cpu": torch.device("cpu"), "gpu": gpu}
+        self.transfers = TransferCounts()
+
+    # streams and events ------------------------------------------------------------------------------------------
+    def copy_stream(self):
+        """The stream that streams weights and KV into staging buffers (None when there are no streams)."""
+        return None
+
+    def on_stream(self, stream):
+        return contextlib.nullcontext()
+
+    def event(self):
+        return _NullEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+    # copies ----------------------------------------------------------------------------------------------------
+    def transfer(self, tensor: torch.Tensor, dst: str, value: str = "") -> torch.Tensor:
+        """Move an activation to the plan device `dst` ('cpu' or 'gpu'), counting the bytes."""
+        self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
+        return tensor.to(self.devices[dst])
+
+    def copy_into(self, dst: torch.Tensor, src: torch.Tensor, to_gpu: bool, value: str = "") -> None:
+        """`dst.copy_(src)` across devices, counted; asynchronous where the memory allows it."""
+        self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
+        dst.copy_(src)
+
+    # memory ----------------------------------------------------------------------------------------------------
+    def gpu_free_bytes(self) -> int | None:
+        """Free GPU memory, or None when the 'gpu' shares host memory (emulated)."""
+        return None
+
+    def gpu_peak_bytes(self) -> int | None:
+        return None
+
+    def reset_peak(self) -> None:
+        pass
+
+    def pin(self, tensor: torch.Tensor) -> None:
+        """Page-lock a host tensor in place (no-op without CUDA)."""
+
+    def unpin(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+
+class EmulatedBackend(Backend):
+    """'gpu' is the CPU: same interface, no streams, synchronous copies. Test mode only."""
+
+    name = "emulated"
+    emulated = True
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+
+    def transfer(self, tensor, dst, value=""):
+        # Both devices are the host: count the crossing the plan asks for, keep the tensor.
+        self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
+        return tensor
+
+    def describe(self) -> str:
+        return "emulated GPU on the CPU (test mode: 'gpu' sublayers run on the host)"
+
+
+class CudaBackend(Backend):
+    """'gpu' is cuda:0; the compute stream is the current stream, copies into staging use their own stream."""
+
+    name = "cuda"
+    pin_memory = True
+
+    def __init__(self, index: int = 0):
+        super().__init__(torch.device("cuda", index))
+        self._copy_stream = torch.cuda.Stream(device=self.devices["gpu"])
+
+    def copy_stream(self):
+        return self._copy_stream
+
+    def on_stream(self, stream):
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def event(self):
+        return torch.cuda.Event()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.devices["gpu"])
+
+    def transfer(self, tensor, dst, value=""):
+        self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
+        if dst == "gpu":
+            # From pageable memory the copy is synchronous for the host anyway; from pinned memory it is not.
+            return tensor.to(self.devices["gpu"], non_blocking=tensor.is_pinned())
+        return tensor.to("cpu")  # blocking: the CPU reads it next, so the compute stream must have produced it
+
+    def copy_into(self, dst, src, to_gpu, value=""):
+        self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
+        # GPU → pinned host: asynchronous on the compute stream. A CPU reader of `dst` always first receives an
+        # activation from the GPU through a blocking `transfer`, which waits for this copy (same stream).
+        dst.copy_(src, non_blocking=dst.is_pinned() or src.is_pinned())
+
+    def gpu_free_bytes(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.devices["gpu"])
+        return int(free)
+
+    def gpu_peak_bytes(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.devices["gpu"]))
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.devices["gpu"])
+
+    def pin(self, tensor):
+        # cudaHostRegister pins exactly these pages; torch's pinned allocator would round large sizes up to a
+        # power of two (up to 2x the host memory for a big weight arena).
+        if tensor.numel() == 0:
+            return
+        err = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
+        if int(err) != 0:
+            raise LiacError("host", f"cannot page-lock {tensor.numel() * tensor.element_size() / 2**30:.2f} GiB of "
+                            f"host memory (cudaHostRegister error {int(err)}): the memory lock limit must allow it")
+
+    def unpin(self, tensor):
+        if tensor.numel():
+            torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+
+    def describe(self) -> str:
+        props = torch.cuda.get_device_properties(self.devices["gpu"])
+        return f"{self.devices['gpu']} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
+
+
+def make_backend(emulate_gpu: bool | None = None) -> Backend:
+    """CUDA when present; the emulated backend only when asked for (argument, or LIAC_EMULATE_GPU=1).
+
+    Returns a CudaBackend when CUDA is available and emulation was not asked for; an EmulatedBackend when it was;
+    otherwise a backend with no GPU at all (`devices['gpu']` is None), which only runs all-CPU plans.
+    """
+    if emulate_gpu is None:
+        emulate_gpu = os.environ.get(EMULATE_ENV, "") not in ("", "0")
+    if emulate_gpu:
+        return EmulatedBackend()
+    if torch.cuda.is_available():
+        return CudaBackend()
+    return CpuOnlyBackend()
+
+
+class CpuOnlyBackend(Backend):
+    """No GPU at all: runs all-CPU plans; a plan with a 'gpu' sublayer is refused before anything is allocated."""
+
+    name = "cpu-only"
+
+    def __init__(self):
+        super().__init__(None)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return "no GPU (CUDA not available): CPU sublayers only"
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (bytes); falls back to total physical memory."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

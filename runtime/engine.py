@@ -1,0 +1,285 @@
+"""`Engine`: a plan and its weights → a model placed across CPU/GPU and HBM/DDR/CXL, and greedy generation.
+
+    engine = Engine.from_plan("plans/opt-30b.yaml", weights="ckpts/opt-30b")      # or RandomWeights(seed=0)
+    out = engine.generate(input_ids, max_new_tokens=32)                           # out.token_ids [B, 32]
+
+`from_plan` checks everything it can before allocating a byte: the plan (schema, semantics, apiVersion), the
+weights' architecture against `spec.model.config_sha256`, the checkpoint's tensors and shapes, the host (a GPU when
+any sublayer is on 'gpu', free GPU memory, available host RAM). Every failure is one LiacError line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from liac.errors import LiacError
+from liac.plan import API_VERSION, OffloadPlan, check_semantics, load_plan
+from liac.runtime.backend import Backend, host_available_bytes, make_backend
+from liac.runtime.executor import Executor
+from liac.runtime.kvcache import KVCache
+from liac.runtime.memory import TierMemory, aligned
+from liac.runtime.numa import libnuma, plan_cxl_placement, read_nodes
+from liac.runtime.schedule import Schedule, build_schedule
+from liac.runtime.staging import Streamer
+from liac.runtime.weights import (Checkpoint, Progress, RandomWeights, WeightStore, fill_random, load_checkpoint)
+
+__all__ = ["Engine", "Generation", "RandomWeights", "SUPPORTED_FAMILIES", "check_request", "resolve_plan"]
+
+SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The result of `Engine.generate`."""
+
+    token_ids: torch.Tensor        # [B, M] new tokens, int64, on the host
+    logits: torch.Tensor | None    # [B, M, vocab] float32 on the host: the logits each token was picked from
+    prefill_seconds: float         # prompt → first token
+    decode_seconds: float          # the M - 1 decode steps
+    prompt_len: int
+
+    @property
+    def decode_steps(self) -> int:
+        return self.token_ids.shape[1] - 1
+
+
+def resolve_plan(plan: OffloadPlan | str | os.PathLike) -> tuple[OffloadPlan, str]:
+    """Load (or re-check) a plan and refuse what this runtime cannot run; returns (plan, its source name)."""
+    if isinstance(plan, OffloadPlan):
+        errors = check_semantics(plan)
+        if errors:
+            raise LiacError("plan", errors[0][1], path=errors[0][0])
+        source = "plan"
+    else:
+        source = str(plan)
+        plan = load_plan(plan)  # schema, semantics; older apiVersions are migrated
+    if plan.apiVersion != API_VERSION:
+        raise LiacError(source, f"must be '{API_VERSION}', got '{plan.apiVersion}'", path="apiVersion")
+    if plan.spec.model.family not in SUPPORTED_FAMILIES:
+        raise LiacError(source, f"unsupported family '{plan.spec.model.family}': the runtime executes "
+                        + ", ".join(f"'{f}'" for f in SUPPORTED_FAMILIES) + " (Mixtral is frontend-only: it can be "
+                        "compiled and explained, not run)", path="spec.model.family")
+    return plan, source
+
+
+def _first_gpu_sublayer(plan: OffloadPlan) -> str:
+    for g_index, group in enumerate(plan.spec.layer_groups):
+        for s_index, sub in enumerate(group.sublayers):
+            for phase in ("prefill", "decode"):
+                if getattr(sub, phase) == "gpu":
+                    return f"spec.layer_groups[{g_index}].sublayers[{s_index}].{phase}"
+    return "spec.layer_groups"
+
+
+def _workspace_bytes(plan: OffloadPlan, itemsize: int) -> int:
+    """GPU activation workspace estimate for the prefill of the whole batch (the largest pass)."""
+    cfg, work = plan.model_config, plan.spec.workload
+    tokens = work.batch_size * work.prompt_len
+    widest = max(2 * cfg.ffn_dim, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size)
+    scores = work.batch_size * cfg.num_heads * work.prompt_len * work.prompt_len * 4  # split attention's p
+    return 4 * tokens * widest * itemsize + scores + work.batch_size * cfg.vocab_size * 4
+
+
+class Engine:
+    """A loaded plan: use `Engine.from_plan`, then `generate`."""
+
+    def __init__(self, plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, memory: TierMemory,
+                 store: WeightStore, executor: Executor, dtype: torch.dtype, notes: list[str]):
+        self.plan, self.source, self.backend, self.schedule = plan, source, backend, schedule
+        self.memory, self.store, self.executor, self.dtype = memory, store, executor, dtype
+        self.notes = notes
+        self.cfg = plan.model_config
+
+    @classmethod
+    def from_plan(cls, plan: OffloadPlan | str | os.PathLike, weights: str | os.PathLike | RandomWeights, *,
+                  emulate_gpu: bool | None = None, backend: Backend | None = None, dtype: torch.dtype | None = None,
+                  progress: bool = False, stream_log: list | None = None) -> "Engine":
+        """Check, allocate, load.
+
+        Args:
+            plan: an OffloadPlan or the path of its YAML.
+            weights: a HF checkpoint directory, or RandomWeights(seed).
+            emulate_gpu: run 'gpu' sublayers on the CPU behind the GPU interface (test mode); None reads
+                LIAC_EMULATE_GPU. Ignored when `backend` is given.
+            dtype: compute/storage dtype; default the plan's (bf16). Tests use float32 for exact token parity.
+            progress: print a loading progress line on stderr.
+            stream_log: a list to receive the streamer's issue/wait/release calls (tests).
+
+        Raises:
+            LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
+        """
+        plan, source = resolve_plan(plan)
+        cfg = plan.model_config
+        ckpt = None
+        if not isinstance(weights, RandomWeights):
+            ckpt = Checkpoint.open(weights)
+            found = ckpt.config()
+            if found.sha256() != plan.spec.model.config_sha256:
+                raise LiacError(str(Path(weights) / "config.json"), f"architecture hashes to '{found.sha256()[:12]}…'"
+                                f": must be '{plan.spec.model.config_sha256[:12]}…', the model the plan was compiled "
+                                f"for ('{plan.spec.model.name}')")
+        dtype = dtype or _DTYPES.get(cfg.dtype, torch.bfloat16)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        backend = backend or make_backend(emulate_gpu)
+        schedule = build_schedule(plan, itemsize, source)
+        if schedule.uses_gpu and backend.devices["gpu"] is None:
+            raise LiacError(source, "must be 'cpu' on this host: no CUDA device is available (run it on a GPU "
+                                    "machine, or use the CPU-backed test mode: --emulate-gpu / LIAC_EMULATE_GPU=1)",
+                            path=_first_gpu_sublayer(plan))
+        sources = None
+        if ckpt is not None:
+            expected = {p.canonical: p.shape for params in schedule.params.values() for p in params}
+            sources = ckpt.check(expected, cfg)
+        cxl = plan_cxl_placement(read_nodes(), schedule.tier_bytes["cxl"], libnuma() is not None)
+        notes = [cxl.note] if cxl.note and cxl.node is None else []
+        if backend.emulated:
+            notes.append(backend.describe())
+        _check_host(plan, source, backend, schedule, cxl.node is not None, itemsize)
+
+        memory = TierMemory.allocate(backend, schedule.tier_bytes, cxl)
+        try:
+            store = WeightStore()
+            shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}
+            for canonical, tiers in sorted(schedule.weight_tiers.items()):
+                for tier in tiers:
+                    store.add(canonical, tier, memory.take(tier, shapes[canonical], dtype))
+            weight_bytes = sum(t.numel() * t.element_size() for t in store.tensors.values())
+            if ckpt is not None:
+                load_checkpoint(ckpt, sources, store, Progress("loading weights", weight_bytes, progress))
+            else:
+                device = backend.devices["gpu"] if backend.name == "cuda" else torch.device("cpu")
+                fill_random(store, weights.seed, device, Progress("random weights", weight_bytes, progress))
+            kv = KVCache(backend, memory, schedule.kv_tiers, schedule.kv_shape, dtype)
+            buffers = [memory.take("hbm", (schedule.buffer_bytes,), torch.uint8) for _ in range(schedule.buffers)]
+            streamer = Streamer(backend, buffers, store, kv, dtype, stream_log)
+            executor = Executor(backend, schedule, cfg, dtype, store, kv, streamer)
+        except torch.cuda.OutOfMemoryError as e:
+            raise LiacError("host", "CUDA out of memory while placing the model: the plan does not fit this GPU "
+                                    "(free memory is below spec.memory.hbm_bytes plus the activation workspace)") from e
+        return cls(plan, source, backend, schedule, memory, store, executor, dtype, notes)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def check_request(self, batch: int, prompt_len: int, max_new_tokens: int) -> None:
+        check_request(self.plan, batch, prompt_len, max_new_tokens)
+
+    def _ids(self, input_ids) -> torch.Tensor:
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device="cpu")
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.dim() != 2:
+            raise LiacError("input_ids", f"must be [batch, prompt_len] token ids, got shape {list(ids.shape)}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.cfg.vocab_size):
+            raise LiacError("input_ids", f"token ids must be in 0..{self.cfg.vocab_size - 1}")
+        return ids
+
+    @torch.inference_mode()
+    def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False) -> Generation:
+        """Greedy generation of `max_new_tokens` tokens for each prompt in `input_ids` [B, P]."""
+        ids = self._ids(input_ids)
+        batch, prompt_len = ids.shape
+        self.check_request(batch, prompt_len, max_new_tokens)
+        executor, sync = self.executor, self.backend.synchronize
+        prefill_head = executor.head_device["prefill"]
+        decode_head = executor.head_device["decode"]
+        feed = executor.decode_embed_device
+        sync()
+        began = time.perf_counter()
+        frame = executor.forward("prefill", ids, 0)
+        if max_new_tokens > 1:
+            executor.prime_decode(batch, prompt_len)
+        tokens = [frame.vals["next"][prefill_head]]
+        logits = [frame.logits] if return_logits else []
+        sync()
+        prefilled = time.perf_counter()
+        for step in range(1, max_new_tokens):
+            start = prompt_len + step - 1
+            frame = executor.forward("decode", frame.vals["next"][feed], start)
+            if step < max_new_tokens - 1:
+                executor.prime_decode(batch, start + 1)
+            tokens.append(frame.vals["next"][decode_head])
+            if return_logits:
+                logits.append(frame.logits)
+        sync()
+        done = time.perf_counter()
+        token_ids = torch.cat([t.to("cpu") for t in tokens], dim=1)
+        stacked = torch.stack([l.float().to("cpu") for l in logits], dim=1) if return_logits else None
+        return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len)
+
+    @torch.inference_mode()
+    def profile(self, input_ids, decode_steps: int) -> dict[tuple, float]:
+        """Per-op mean seconds (per layer, per pass) from a separate synchronised pass: prefill + decode steps.
+
+        Returns (group, sublayers, phase, device) → mean seconds. Not timed with `generate`, so it never slows it.
+        """
+        ids = self._ids(input_ids)
+        batch, prompt_len = ids.shape
+        self.check_request(batch, prompt_len, decode_steps + 1)
+        timings: dict[tuple, list[float]] = {}
+        frame = self.executor.forward("prefill", ids, 0, timings)
+        feed = self.executor.decode_embed_device
+        for step in range(decode_steps):
+            frame = self.executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings)
+        return {key: sum(values) / len(values) for key, values in timings.items()}
+
+    def memory_report(self) -> dict[str, dict[str, int | None]]:
+        """Per tier: bytes the plan reserves (spec.memory), the arenas this run allocated, and the peak seen."""
+        import resource
+
+        reserved = self.memory.reserved_bytes()
+        planned = self.plan.spec.memory
+        host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        gpu_peak = self.backend.gpu_peak_bytes()
+        return {
+            "hbm": {"planned_bytes": planned.hbm_bytes, "reserved_bytes": reserved["hbm"], "peak_bytes": gpu_peak},
+            "ddr": {"planned_bytes": planned.ddr_bytes, "reserved_bytes": reserved["ddr"], "peak_bytes": host_peak},
+            "cxl": {"planned_bytes": planned.cxl_bytes, "reserved_bytes": reserved["cxl"],
+                    "peak_bytes": reserved["cxl"]},
+        }
+
+
+def check_request(plan: OffloadPlan, batch: int, prompt_len: int, max_new_tokens: int, flags: bool = False) -> None:
+    """Refuse a request beyond the plan's workload (its KV cache and buffers are sized for it).
+
+    Args:
+        flags: name the lia-run flags ('--prompt-len') in the error instead of the API's arguments.
+    """
+    work = plan.spec.workload
+    for flag, arg, value, limit, field in (("--batch", "input_ids", batch, work.batch_size, "batch_size"),
+                                           ("--prompt-len", "input_ids", prompt_len, work.prompt_len, "prompt_len"),
+                                           ("--gen-len", "max_new_tokens", max_new_tokens, work.gen_len, "gen_len")):
+        if value < 1 or value > limit:
+            what = {"batch_size": "batch", "prompt_len": "prompt length", "gen_len": "new tokens"}[field]
+            raise LiacError(flag if flags else arg, f"{what} must be between 1 and {limit} "
+                            f"(spec.workload.{field} of plan '{plan.metadata.name}'), got {value}")
+
+
+def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,
+                itemsize: int) -> None:
+    """Free GPU memory and available host RAM must cover what the plan reserves and what this run allocates."""
+    need = schedule.tier_bytes
+    memory = plan.spec.memory
+    gpu_need = 0
+    if schedule.uses_gpu or need["hbm"]:
+        gpu_need = max(memory.hbm_bytes, need["hbm"] + aligned(_workspace_bytes(plan, itemsize)))
+    free = backend.gpu_free_bytes()
+    if free is not None and gpu_need > free:
+        raise LiacError(source, f"needs {gpu_need / GIB:.2f} GiB of GPU memory, {free / GIB:.2f} GiB are free on "
+                                f"{backend.describe()} (short by {(gpu_need - free) / GIB:.2f} GiB)",
+                        path="spec.memory.hbm_bytes")
+    host_need = max(memory.ddr_bytes, need["ddr"])
+    if not cxl_node:
+        host_need += max(memory.cxl_bytes, need["cxl"])
+    if free is None:  # emulated: the 'gpu' tier is host memory too
+        host_need += gpu_need
+    available = host_available_bytes()
+    if host_need > available:
+        raise LiacError(source, f"needs {host_need / GIB:.2f} GiB of host memory, {available / GIB:.2f} GiB are "
+                                f"available (short by {(host_need - available) / GIB:.2f} GiB)",
+                        path="spec.memory.ddr_bytes")

@@ -1,0 +1,105 @@
+"""A run's measurements beside the plan's predictions, as one JSON document (docs/runtime.md, "Metrics").
+
+This is the only module of the runtime that reads `plan.status`, and only to print the compiler's predictions next
+to what was measured: nothing the runtime does depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from liac.plan import OffloadPlan, write_atomic
+from liac.runtime.kernels import cpu_backend
+from liac.schema_tools import stable_float
+
+__all__ = ["build_metrics", "write_metrics", "summary_lines", "METRICS_VERSION"]
+
+METRICS_VERSION = 1
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else stable_float(seconds * 1e3)
+
+
+def _predicted_sublayers(plan: OffloadPlan) -> dict[tuple[str, str, str], tuple[float, float, float]]:
+    # Reporting only: status is the compiler's observation, never an input to execution.
+    return {(t.group, t.name, t.phase): (t.compute_seconds, t.transfer_seconds, t.stream_seconds)
+            for t in plan.status.predicted.sublayers}
+
+
+def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> dict:
+    """The metrics document of one run (see the module docstring); `sublayer_seconds` from `Engine.profile`."""
+    plan = engine.plan
+    batch, new_tokens = generation.token_ids.shape
+    steps = generation.decode_steps
+    total = generation.prefill_seconds + generation.decode_seconds
+    predicted = plan.status.predicted  # reporting only
+    table = _predicted_sublayers(plan)
+    sublayers = []
+    for (group, names, phase, device), seconds in sorted(sublayer_seconds.items()):
+        parts = [table.get((group, name, phase)) for name in names]
+        known = [p for p in parts if p is not None]
+        row = {"group": group, "sublayers": list(names), "phase": phase, "device": device,
+               "measured_ms": _ms(seconds), "predicted_ms": None, "predicted_compute_ms": None,
+               "predicted_transfer_ms": None, "predicted_stream_ms": None}
+        if known:
+            compute, transfer, stream = (sum(p[i] for p in known) for i in range(3))
+            row.update(predicted_ms=_ms(compute + transfer), predicted_compute_ms=_ms(compute),
+                       predicted_transfer_ms=_ms(transfer), predicted_stream_ms=_ms(stream))
+        sublayers.append(row)
+    transfers = engine.backend.transfers
+    memory = [{"tier": tier, **{k: v for k, v in values.items()}}
+              for tier, values in engine.memory_report().items()]
+    return {
+        "metrics_version": METRICS_VERSION,
+        "plan": plan.metadata.name,
+        "model": plan.spec.model.name,
+        "backend": {"gpu": engine.backend.describe(), "emulated_gpu": engine.backend.emulated,
+                    "cpu_kernels": cpu_backend(), "dtype": str(engine.dtype).replace("torch.", ""),
+                    "torch": torch.__version__, "cpu_threads": torch.get_num_threads()},
+        "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
+                "decode_steps": steps},
+        "prefill_ms": _ms(generation.prefill_seconds),
+        "decode_ms": _ms(generation.decode_seconds),
+        "decode_ms_per_token": _ms(generation.decode_seconds / steps) if steps else None,
+        "total_ms": _ms(total),
+        "tokens_per_second": stable_float(batch * new_tokens / total) if total > 0 else None,
+        "predicted": {"prefill_ms": _ms(predicted.prefill_seconds),
+                      "decode_ms_per_token": _ms(predicted.decode_seconds_per_token),
+                      "tokens_per_second": stable_float(predicted.tokens_per_second)},
+        "sublayers": sublayers,
+        "memory": memory,
+        "transfers": {"h2d_bytes": transfers.h2d_bytes, "d2h_bytes": transfers.d2h_bytes,
+                      "h2d_copies": transfers.h2d_copies, "d2h_copies": transfers.d2h_copies,
+                      "streamed_bytes": transfers.streamed_bytes},
+        "notes": list(engine.notes),
+    }
+
+
+def write_metrics(path, metrics: dict) -> None:
+    """Atomically: a reader never sees half a file, and a failed run leaves none."""
+    write_atomic(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+
+def summary_lines(metrics: dict) -> list[str]:
+    """The few lines `lia-run` prints."""
+    lines = [f"plan {metrics['plan']}: {metrics['backend']['gpu']}; CPU kernels '{metrics['backend']['cpu_kernels']}'"
+             f", {metrics['backend']['dtype']}"]
+    lines += [f"note: {note}" for note in metrics["notes"]]
+    run = metrics["run"]
+    per_token = metrics["decode_ms_per_token"]
+    lines.append(f"batch {run['batch_size']}, prompt {run['prompt_len']}, {run['gen_len']} new tokens: prefill "
+                 f"{metrics['prefill_ms']:.2f} ms, decode "
+                 + (f"{per_token:.2f} ms/token" if per_token is not None else "-")
+                 + f", {metrics['tokens_per_second']:.1f} tokens/s")
+    predicted = metrics["predicted"]
+    lines.append(f"plan predicted: prefill {predicted['prefill_ms']:.2f} ms, decode "
+                 f"{predicted['decode_ms_per_token']:.2f} ms/token, {predicted['tokens_per_second']:.1f} tokens/s")
+    for row in metrics["memory"]:
+        peak = row["peak_bytes"]
+        lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / 2**30:.3f} GiB of "
+                     f"{row['planned_bytes'] / 2**30:.3f} GiB planned"
+                     + (f", peak {peak / 2**30:.3f} GiB" if peak is not None else ""))
+    return lines

@@ -1,0 +1,275 @@
+"""Weights into their tiers: a HF safetensors checkpoint, tensor by tensor, or seeded random values.
+
+    ckpt = Checkpoint.open("ckpts/opt-1.3b")        # config.json + *.safetensors (sharded index too)
+    ckpt.config()                                   # ModelConfig, for the plan's config hash
+    ckpt.check(expected)                            # every tensor present, shapes right, files complete
+    load_checkpoint(ckpt, store, cfg)               # safe_open, one tensor (or row chunk) at a time
+
+Nothing is read into RAM as a whole model: each destination tensor already sits in its tier's arena (HBM, pinned
+DDR, CXL) and is filled from the memory-mapped file chunk by chunk. Before any allocation, `check` reads only the
+safetensors headers (8-byte length + JSON), so a missing tensor, a wrong shape or a truncated file is one clear
+error, not a crash half way through loading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from liac.errors import LiacError
+from liac.models import family_module
+from liac.models.config import ModelConfig, from_hf_config
+
+__all__ = ["Checkpoint", "RandomWeights", "WeightStore", "load_checkpoint", "fill_random", "Progress",
+           "CHUNK_BYTES"]
+
+CHUNK_BYTES = 64 * 2**20  # rows per copy: bounds the RAM a single huge tensor (embedding) needs while loading
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+@dataclass(frozen=True)
+class RandomWeights:
+    """Seeded random weights: N(0, 0.02²) everywhere, 1 + N(0, 0.02²) for norm scales."""
+
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class Progress:
+    """A plain-text progress line on stderr ('\\r'-updated on a terminal, every 10 % otherwise)."""
+
+    def __init__(self, label: str, total_bytes: int, enabled: bool = True):
+        self.label, self.total, self.enabled = label, max(total_bytes, 1), enabled
+        self.done, self.shown, self.tty = 0, -1, sys.stderr.isatty()
+        self.started = time.perf_counter()
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if not self.enabled:
+            return
+        percent = min(100, self.done * 100 // self.total)
+        if percent == self.shown or (not self.tty and percent // 10 == self.shown // 10 and percent < 100):
+            return
+        self.shown = percent
+        line = (f"lia-run: {self.label} {percent:3d}% ({self.done / 2**30:.2f} of {self.total / 2**30:.2f} GiB, "
+                f"{time.perf_counter() - self.started:.1f} s)")
+        sys.stderr.write(("\r" + line + ("\n" if percent == 100 else "")) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+
+class WeightStore:
+    """Every parameter's tensor in every tier the plan puts a copy in: (canonical name, tier) → tensor."""
+
+    def __init__(self):
+        self.tensors: dict[tuple[str, str], torch.Tensor] = {}
+        self._by_name: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, canonical: str, tier: str, tensor: torch.Tensor) -> None:
+        self.tensors[(canonical, tier)] = tensor
+        self._by_name.setdefault(canonical, []).append(tensor)
+
+    def __call__(self, canonical: str, tier: str) -> torch.Tensor:
+        return self.tensors[(canonical, tier)]
+
+    def copies(self, canonical: str) -> list[torch.Tensor]:
+        return self._by_name[canonical]
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _read_header(path: Path) -> dict[str, _Entry]:
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise LiacError(str(path), f"truncated: a safetensors file must start with an 8-byte header length, the "
+                                       f"file has {size} bytes")
+        (length,) = struct.unpack("<Q", head)
+        if 8 + length > size:
+            raise LiacError(str(path), f"truncated: the header needs {8 + length} bytes, the file has {size}")
+        try:
+            header = json.loads(handle.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise LiacError(str(path), f"not a safetensors file: its header is not valid JSON ({e})") from e
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = info["data_offsets"]
+            dtype, shape = info["dtype"], tuple(int(s) for s in info["shape"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise LiacError(str(path), f"tensor '{name}' has a malformed header entry") from e
+        if 8 + length + end > size:
+            raise LiacError(str(path), f"truncated: tensor '{name}' ends at byte {8 + length + end}, the file has "
+                                       f"{size} bytes")
+        entries[name] = _Entry(path, dtype, shape)
+    return entries
+
+
+class Checkpoint:
+    """A HF checkpoint directory: config.json and one or more .safetensors files (with or without an index)."""
+
+    def __init__(self, directory: Path, entries: dict[str, _Entry]):
+        self.directory = directory
+        self.entries = entries
+        self._handles: dict[Path, object] = {}
+
+    @classmethod
+    def open(cls, directory: str | Path) -> "Checkpoint":
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise LiacError(str(directory), "must be a checkpoint directory (config.json and *.safetensors)")
+        index = directory / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+                raise LiacError(str(index), f"must be a JSON object with a 'weight_map' ({e})") from e
+            files = sorted({directory / name for name in weight_map.values()})
+        else:
+            files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise LiacError(str(directory), "holds no .safetensors files (pickle checkpoints are not loaded)")
+        entries: dict[str, _Entry] = {}
+        for path in files:
+            if not path.is_file():
+                raise LiacError(str(index), f"names '{path.name}', which does not exist")
+            entries.update(_read_header(path))
+        return cls(directory, entries)
+
+    def config(self) -> ModelConfig:
+        path = self.directory / "config.json"
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise LiacError(str(path), f"cannot read: {e.strerror or e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise LiacError(str(path), f"not valid JSON: {e}") from e
+        return from_hf_config(data, name=self.directory.name, source=str(path))
+
+    def _find(self, name: str) -> str | None:
+        if name in self.entries:
+            return name
+        # Some OPT checkpoints drop the 'model.' prefix (HF's base_model_prefix).
+        bare = name[len("model."):] if name.startswith("model.") else None
+        return bare if bare in self.entries else None
+
+    def check(self, expected: dict[str, tuple[int, ...]], cfg: ModelConfig) -> dict[str, list[str]]:
+        """Verify every parameter's source tensors exist with the right shapes; return canonical → source names.
+
+        Raises:
+            LiacError: naming the checkpoint, the tensor and what was expected.
+        """
+        hf_names = family_module(cfg.family).hf_weight_names(cfg)
+        sources = {}
+        for canonical, shape in expected.items():
+            parts = []
+            for hf_name in hf_names[canonical]:
+                found = self._find(hf_name)
+                if found is None:
+                    raise LiacError(str(self.directory), f"tensor '{hf_name}' is missing (needed for '{canonical}')")
+                entry = self.entries[found]
+                if entry.dtype not in _DTYPES:
+                    raise LiacError(str(entry.file), f"tensor '{found}' has dtype '{entry.dtype}': must be one of "
+                                    + ", ".join(f"'{d}'" for d in _DTYPES))
+                parts.append(found)
+            rows = sum(self.entries[p].shape[0] for p in parts)
+            tails = {self.entries[p].shape[1:] for p in parts}
+            if len(tails) != 1 or (rows,) + tails.pop() != tuple(shape):
+                got = " + ".join(str(list(self.entries[p].shape)) for p in parts)
+                raise LiacError(str(self.entries[parts[0]].file), f"tensor '{parts[0]}' has shape {got}: must be "
+                                f"{list(shape)} for '{canonical}'" if len(parts) == 1 else
+                                f"tensors {', '.join(repr(p) for p in parts)} have shapes {got}: stacked they must "
+                                f"be {list(shape)} for '{canonical}'")
+            sources[canonical] = parts
+        return sources
+
+    def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
+        from safetensors import safe_open
+
+        entry = self.entries[name]
+        handle = self._handles.get(entry.file)
+        if handle is None:
+            try:
+                handle = safe_open(str(entry.file), framework="pt")
+            except Exception as e:  # SafetensorError and OSError: a broken file is the user's problem
+                raise LiacError(str(entry.file), f"cannot open: {' '.join(str(e).split())}") from e
+            self._handles[entry.file] = handle
+        return handle.get_slice(name)[first:first + count]
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def load_checkpoint(ckpt: Checkpoint, sources: dict[str, list[str]], store: WeightStore,
+                    progress: Progress) -> None:
+    """Fill every tier copy of every parameter from its source tensors (stacked along dim 0), chunk by chunk."""
+    for canonical, parts in sources.items():
+        targets = store.copies(canonical)
+        row = 0
+        for part in parts:
+            shape = ckpt.entries[part].shape
+            row_bytes = max(1, _numel(shape[1:]) * targets[0].element_size())
+            step = max(1, CHUNK_BYTES // row_bytes)
+            for first in range(0, shape[0], step):
+                count = min(step, shape[0] - first)
+                chunk = ckpt.read_rows(part, first, count)
+                for target in targets:
+                    target[row + first:row + first + count].copy_(chunk)
+                progress.advance(count * row_bytes * len(targets))
+            row += shape[0]
+    ckpt.close()
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _seed(seed: int, canonical: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{canonical}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def fill_random(store: WeightStore, seed: int, device: torch.device, progress: Progress) -> None:
+    """Seeded values generated on `device` (the GPU when there is one) in chunks, copied into every tier copy.
+
+    The values depend on (seed, parameter name, device type) only, never on the plan: two plans over the same
+    seed run the same model.
+    """
+    names = store.names()
+    for canonical in names:
+        targets = store.copies(canonical)
+        flat = [t.view(-1) for t in targets]
+        generator = torch.Generator(device=device).manual_seed(_seed(seed, canonical))
+        norm_scale = ".norm.weight" in canonical  # LayerNorm / RMSNorm scales sit around 1
+        total = flat[0].numel()
+        step = max(1, CHUNK_BYTES // 4)
+        for first in range(0, total, step):
+            count = min(step, total - first)
+            chunk = torch.randn(count, generator=generator, device=device, dtype=torch.float32).mul_(0.02)
+            if norm_scale:
+                chunk.add_(1.0)
+            for target in flat:
+                target[first:first + count].copy_(chunk)
+            progress.advance(count * flat[0].element_size() * len(flat))

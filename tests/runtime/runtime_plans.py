@@ -1,0 +1,181 @@
+"""Hand-made plans and tiny HF checkpoints for the runtime tests (no compiler involved).
+
+    cfg = save_hf_checkpoint("llama", tmp_path / "ckpt")          # random HF model → safetensors + config.json
+    plan = make_plan(cfg, "partial", kv_tier="ddr")               # valid per liac.plan.check_semantics
+
+Policies (for the decoder layers from `resident_layers` on; layers before it are all-GPU with weights and KV in
+HBM):
+    'gpu'      every sublayer on the GPU
+    'cpu'      every sublayer on the CPU, embedding and LM head too (weights and KV in a host tier)
+    'partial'  LIA's partial policy: attention (score and context) on the CPU, the GEMMs on the GPU
+    'mixed'    prefill all on the GPU; decode splits the layer across devices (qkv, score, fc1 on the GPU,
+               context, out_proj, fc2 on the CPU), weights streamed from DDR, embedding on the CPU, LM head
+               streamed to the GPU; with `cxl_layers` the last layers form a third group in the 'cxl' tier
+`spec.memory` and `spec.execution` are filled from closed-form byte counts (parameter numels, the KV formula), an
+upper bound of what the runtime allocates; `status` carries made-up but valid predictions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from liac.models import SUBLAYERS, build_model
+from liac.models.config import ModelConfig, from_hf_config
+from liac.plan import (Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
+                       PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
+                       Workload)
+
+__all__ = ["FAMILIES", "POLICIES", "BACKENDS", "make_test_backend", "hf_config", "save_hf_checkpoint", "make_plan",
+           "hf_model_class"]
+
+# The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
+BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
+FAMILIES = ("opt", "llama", "qwen2")
+POLICIES = ("gpu", "cpu", "partial", "mixed")
+_NO_WEIGHTS = ("attn_score", "attn_context")
+
+
+def make_test_backend(name: str):
+    from liac.runtime.backend import CudaBackend, EmulatedBackend
+
+    return EmulatedBackend() if name == "emulated" else CudaBackend()
+
+
+def hf_config(family: str, layers: int = 3):
+    """A tiny HF config: 64 wide, 4 heads (2 KV heads for Llama and Qwen2: GQA), vocab 112, 64 positions."""
+    import transformers
+
+    common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=112,
+                  max_position_embeddings=64, initializer_range=0.2)
+    if family == "opt":
+        return transformers.OPTConfig(ffn_dim=128, word_embed_proj_dim=64, **common)
+    if family == "llama":
+        return transformers.LlamaConfig(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                        rope_theta=10000.0, tie_word_embeddings=False, **common)
+    return transformers.Qwen2Config(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6,
+                                    rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False, **common)
+
+
+def hf_model_class(family: str):
+    import transformers
+
+    return {"opt": transformers.OPTForCausalLM, "llama": transformers.LlamaForCausalLM,
+            "qwen2": transformers.Qwen2ForCausalLM}[family]
+
+
+def save_hf_checkpoint(family: str, directory, seed: int = 0, layers: int = 3,
+                       max_shard_size: str | None = None) -> ModelConfig:
+    """Save a randomly initialised HF model (fp32 safetensors) to `directory`; return its liac ModelConfig."""
+    torch.manual_seed(seed)
+    model = hf_model_class(family)(hf_config(family, layers)).eval()
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, safe_serialization=True, **kwargs)
+    data = json.loads((directory / "config.json").read_text())
+    return from_hf_config(data, name=directory.name)
+
+
+def _units(names, prefill, decode, tier):
+    if isinstance(prefill, str):
+        prefill = {n: prefill for n in names}
+    if isinstance(decode, str):
+        decode = {n: decode for n in names}
+    return tuple(SublayerPlacement(n, prefill[n], decode[n], "none" if n in _NO_WEIGHTS else tier) for n in names)
+
+
+def _placements(cfg: ModelConfig, policy: str):
+    """(prefill devices, decode devices, embed (prefill, decode), head (prefill, decode)) of the offloaded group."""
+    qkv, score, context, out_proj, up, down = SUBLAYERS[cfg.family]
+    if policy == "gpu":
+        return "gpu", "gpu", ("gpu", "gpu"), ("gpu", "gpu")
+    if policy == "cpu":
+        return "cpu", "cpu", ("cpu", "cpu"), ("cpu", "cpu")
+    if policy == "partial":
+        devices = {qkv: "gpu", score: "cpu", context: "cpu", out_proj: "gpu", up: "gpu", down: "gpu"}
+        return devices, devices, ("gpu", "gpu"), ("gpu", "gpu")
+    if policy == "mixed":
+        decode = {qkv: "gpu", score: "gpu", context: "cpu", out_proj: "cpu", up: "gpu", down: "cpu"}
+        return "gpu", decode, ("cpu", "cpu"), ("gpu", "gpu")
+    raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+
+
+def _param_numels(cfg: ModelConfig) -> dict[str, int]:
+    with torch.device("meta"):
+        model = build_model(cfg.with_layers(1))
+    out = {"embed": sum(p.numel() for p in model.embed.parameters()),
+           "lm_head": sum(p.numel() for p in model.lm_head.parameters())}
+    layer = model.layers[0]
+    for unit in SUBLAYERS[cfg.family]:
+        module = getattr(layer, "attn" if unit in _NO_WEIGHTS else unit)
+        out[unit] = sum(p.numel() for p in module.parameters())
+    return out
+
+
+def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None = None, kv_tier: str | None = None,
+              resident_layers: int = 0, cxl_layers: int = 0, batch: int = 2, prompt_len: int = 8, gen_len: int = 20,
+              prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None
+              ) -> OffloadPlan:
+    """A valid plan for `cfg` (see the module docstring)."""
+    names = SUBLAYERS[cfg.family]
+    prefill, decode, embed_dev, head_dev = _placements(cfg, policy)
+    on_cpu = policy in ("cpu", "partial", "mixed")
+    weights_tier = weights_tier or ("ddr" if policy in ("cpu", "mixed") else "hbm")
+    kv_tier = kv_tier or ("ddr" if on_cpu else "hbm")
+    host_embed = "ddr" if "cpu" in embed_dev or policy == "mixed" else "hbm"
+    host_head = "ddr" if "cpu" in head_dev or policy == "mixed" else "hbm"
+    groups = [LayerGroup("embed", "embed", 0, 1, "none", _units(("embed",), *embed_dev, host_embed))]
+    offloaded = cfg.num_layers - resident_layers - cxl_layers
+    if resident_layers:
+        groups.append(LayerGroup("resident", "decoder", 0, resident_layers, "hbm", _units(names, "gpu", "gpu", "hbm")))
+    if offloaded:
+        groups.append(LayerGroup("offload", "decoder", resident_layers, offloaded, kv_tier,
+                                 _units(names, prefill, decode, weights_tier)))
+    if cxl_layers:
+        groups.append(LayerGroup("cxl", "decoder", cfg.num_layers - cxl_layers, cxl_layers, "cxl",
+                                 _units(names, prefill, decode, "cxl")))
+    groups.append(LayerGroup("head", "head", 0, 1, "none", _units(("lm_head",), *head_dev, host_head)))
+
+    # Closed-form sizes (bf16): weights per tier, KV per tier, one staging buffer = the most one layer streams.
+    numels = _param_numels(cfg)
+    tokens = prompt_len + gen_len - 1
+    kv_one = batch * tokens * cfg.num_kv_heads * cfg.head_dim * 2  # K (or V) of one layer
+    tier_bytes = {"hbm": 0, "ddr": 0, "cxl": 0}
+    staging = 0
+    for group in groups:
+        streamed = 0
+        for sub in group.sublayers:
+            if sub.weights != "none":
+                tier_bytes[sub.weights] += numels[sub.name] * 2 * group.layer_count
+                if sub.weights != "hbm" and "gpu" in (sub.prefill, sub.decode):
+                    streamed += numels[sub.name] * 2
+            elif sub.decode == "gpu" and group.kv_cache in ("ddr", "cxl"):
+                streamed += kv_one
+        if group.kv_cache != "none":
+            tier_bytes[group.kv_cache] += 2 * kv_one * group.layer_count
+        staging = max(staging, streamed)
+    staging = staging_bytes if staging_bytes is not None else staging
+    tier_bytes["hbm"] += (prefetch_depth + 1) * staging
+    slack = 1 << 20
+    memory = memory or TierBytes(tier_bytes["hbm"] + slack, tier_bytes["ddr"] + slack, tier_bytes["cxl"])
+    spec = PlanSpec(
+        model=ModelSpec(cfg.name, cfg.family, cfg.sha256(), cfg.to_dict()),
+        hardware=HardwareSpec("test-host", "0" * 64),
+        workload=Workload(batch, prompt_len, gen_len, "latency"),
+        budgets=Budgets(memory.hbm_bytes * 2, memory.ddr_bytes * 2, memory.cxl_bytes * 2),
+        memory=memory,
+        execution=Execution(prefetch_depth, staging),
+        layer_groups=tuple(groups),
+    )
+    times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), 1e-4 * (rank + 1), 1e-6, 0.0)
+                  for rank, (g, s) in enumerate((g, s) for g in groups for s in g.sublayers)
+                  for phase in ("prefill", "decode"))
+    prefill_s = sum(t.compute_seconds for t in times if t.phase == "prefill")
+    per_token = sum(t.compute_seconds for t in times if t.phase == "decode")
+    total = prefill_s + per_token * gen_len
+    status = PlanStatus(SolverReport("fixed", "fixed", total, 0.0),
+                        Predicted(prefill_s, per_token * gen_len, per_token, total, batch * gen_len / total, times),
+                        tuple(TierUsage(t, b, b * 2) for t, b in tier_bytes.items()))
+    name = f"{cfg.name}.test-host.b{batch}-p{prompt_len}-g{gen_len}"
+    return OffloadPlan("liac/v1", "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
