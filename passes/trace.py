@@ -255,8 +255,14 @@ def _class_templates(cfg: ModelConfig) -> tuple[dict[str, ClassTemplate], dict[s
 
 @functools.lru_cache(maxsize=32)
 def _trace_cached(sha256: str, cfg_json: str) -> SublayerGraph:
+    from liac.models import SUBLAYERS
+
     cfg = ModelConfig.from_dict(json.loads(cfg_json))
     templates, tied = _class_templates(cfg)
+    units = templates["decoder"].units
+    if units != SUBLAYERS.get(cfg.family, units):  # plans name these units: the trace must agree with them
+        raise TraceError(f"decoder units {list(units)} differ from liac.models.SUBLAYERS['{cfg.family}'] "
+                         f"{list(SUBLAYERS[cfg.family])}")
     graph = SublayerGraph()
     for layer_class, template in templates.items():
         for sub in template.sublayers:
