@@ -250,13 +250,28 @@ def write_plans(result: CompileResult, out: str | Path) -> list[Path]:
         raise LiacError("-o", f"'{out}' exists and is not a directory")
     texts = {out / result.file_name(p): _checked_text(p.plan, str(out / result.file_name(p)))
              for p in result.points}
+    stale = _previous_plans(out) - set(texts)
     written = []
     for path, text in texts.items():
         write_atomic(path, text)
         written.append(path)
     write_atomic(out / INDEX_NAME, yaml_dump(_stable(result.index())))
     written.append(out / INDEX_NAME)
+    for path in sorted(stale):  # plans an earlier compile listed here and this one did not rewrite
+        path.unlink(missing_ok=True)
     return written
+
+
+def _previous_plans(out: Path) -> set[Path]:
+    """Plan files the directory's current index.yaml lists (written by an earlier compile), if any."""
+    try:
+        doc = yaml.safe_load((out / INDEX_NAME).read_text())
+    except (OSError, yaml.YAMLError):
+        return set()
+    if not isinstance(doc, dict) or doc.get("kind") != "OffloadPlanIndex":
+        return set()
+    names = [row.get("file") for row in doc.get("points") or [] if isinstance(row, dict)]
+    return {out / name for name in names if isinstance(name, str) and "/" not in name and name.endswith(".yaml")}
 
 
 def _stable(data):

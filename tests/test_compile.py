@@ -94,6 +94,10 @@ def test_sweep_writes_valid_plans_index_and_table(tiny, tmp_path, capsys):
     checked, findings = validate_path(out)
     assert [f.line() for f in findings if f.severity == "error"] == []
     assert len(checked) == 5
+    # a narrower sweep into the same directory replaces the plans the old index listed
+    assert main(["compile", "--model", model, "--hw", "spr-h100", "--batch", "2", "--prompt-len", "32",
+                 "--gen-len", "8", "--gpu-mem", "2MiB", "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["index.yaml", "tiny-opt.spr-h100.b2-p32-g8.yaml"]
 
 
 def test_compiling_twice_is_byte_identical(tiny, tmp_path):
