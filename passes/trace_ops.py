@@ -94,6 +94,8 @@ class Value:
 
 @dataclass(eq=False)
 class Op:
+    """One aten op that touches activations or weights (a fused SDPA contributes three)."""
+
     name: str
     target: str
     index: int  # position in execution order (set when appended)
@@ -154,7 +156,12 @@ def _leaf_kind(module: nn.Module) -> str:
 
 
 class OpGraph:
-    """Turns the fx graph into _Values and _Ops (step 1) and marks anchors (step 2)."""
+    """The ops of one exported layer with their values (steps 1 and 2).
+
+    Built from an ExportedProgram and the module it exported (leaf modules are found from `nn_module_stack`).
+    Attributes: `ops` in execution order, `params` (export target → Value), `kv_writes` (new cache entries),
+    `class_input` and `class_output`.
+    """
 
     def __init__(self, ep, root: nn.Module, input_roles: Sequence[str], output_roles: Sequence[str]):
         self.ep, self.root = ep, root
