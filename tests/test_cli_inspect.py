@@ -53,7 +53,7 @@ def test_table_shows_model_gqa_layers_and_totals(capsys):
     assert "32 / 8 (GQA" in header and "8.03 B params" in header
     assert "batch 1, prompt 128 tokens" in out and "(1, 128, 128)" in out and "(1, 1, 129)" in out
     lines = out.splitlines()
-    assert any(line.startswith("decoder ×32") for line in lines)
+    assert any(line.startswith("decoder (×32 layers)") for line in lines)
     for name in ("qkv", "rope", "attn_score", "attn_context", "out_proj", "gate_up", "down", "lm_head"):
         assert any(line.split()[:1] == [name] for line in lines), name
     assert lines[-1].startswith("total (all layers)")

@@ -158,7 +158,7 @@ def render_table(data: dict[str, Any]) -> str:
     for row in data["sublayers"]:
         if row["layer_class"] != current:
             current = row["layer_class"]
-            table.append((f"{current} ×{row['count']}" if row["count"] > 1 else current,) + ("",) * 9)
+            table.append((f"{current} (×{row['count']} layers)" if row["count"] > 1 else current,) + ("",) * 9)
         pre, dec = row["prefill"], row["decode"]
         table.append(("  " + row["name"], row["kind"], row["unit"] if row["unit"] != row["name"] else "",
                       _num(row["weight_bytes"], _MB), _num(pre["flops"], _GFLOP), _num(pre["bytes"], _MB),
