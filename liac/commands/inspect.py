@@ -148,6 +148,9 @@ def render_table(data: dict[str, Any]) -> str:
         "units: MB = 1e6 bytes, GFLOP = 1e9 FLOPs, bytes = read + written, per layer; the LM head's prefill row is "
         "for the last position",
     ]
+    if model["num_experts"]:
+        lines.append("experts: FLOPs are for the routed tokens (top-k of the experts); bytes count every expert's "
+                     "weights, of which a step touches E·(1 − (1 − k/E)^(B·Q)) experts' worth")
     for head_weight, embed_weight in sorted(model["tied_weights"].items()):
         lines.append(f"tied: {embed_weight} is {head_weight}; its MB are listed once, under lm_head")
     lines.append("")
