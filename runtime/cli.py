@@ -111,7 +111,10 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # usage errors (one line, status 2) and --help (status 0), as a return value
+        return int(e.code or 0)
     try:
         return run(args)
     except LiacError as e:

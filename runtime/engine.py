@@ -185,6 +185,14 @@ class Engine:
         ids = self._ids(input_ids)
         batch, prompt_len = ids.shape
         self.check_request(batch, prompt_len, max_new_tokens)
+        try:
+            return self._generate(ids, max_new_tokens, return_logits)
+        except torch.cuda.OutOfMemoryError as e:
+            raise LiacError("host", "CUDA out of memory during generation: the activations do not fit next to "
+                                    "what the plan reserved (spec.memory.hbm_bytes leaves too little free)") from e
+
+    def _generate(self, ids: torch.Tensor, max_new_tokens: int, return_logits: bool) -> Generation:
+        batch, prompt_len = ids.shape
         executor, sync = self.executor, self.backend.synchronize
         prefill_head = executor.head_device["prefill"]
         decode_head = executor.head_device["decode"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["NumaNode", "CxlPlacement", "read_nodes", "find_cxl_node", "plan_cxl_placement", "numa_empty",
-           "libnuma", "SYSFS_NODES"]
+           "libnuma", "SYSFS_NODES", "NUMA_STATS"]
 
 SYSFS_NODES = "/sys/devices/system/node"
 
@@ -109,6 +109,7 @@ def plan_cxl_placement(nodes: list[NumaNode], cxl_bytes: int, have_libnuma: bool
 # The real allocation path (libnuma through ctypes).
 
 _LIBNUMA: ctypes.CDLL | None = None
+NUMA_STATS = {"allocated_bytes": 0, "freed_bytes": 0}  # diagnostics: what numa_empty handed out and got back
 
 
 def libnuma() -> ctypes.CDLL | None:
@@ -147,6 +148,12 @@ def numa_empty(nbytes: int, node: int) -> torch.Tensor:
     pointer = lib.numa_alloc_onnode(size, node)
     if not pointer:
         raise MemoryError(f"numa_alloc_onnode({size}, {node}) failed")
+    NUMA_STATS["allocated_bytes"] += size
     buffer = (ctypes.c_uint8 * size).from_address(pointer)
-    weakref.finalize(buffer, lib.numa_free, pointer, size)
+    weakref.finalize(buffer, _free, lib, pointer, size)
     return torch.frombuffer(buffer, dtype=torch.uint8)[:nbytes]
+
+
+def _free(lib: ctypes.CDLL, pointer: int, size: int) -> None:
+    lib.numa_free(pointer, size)
+    NUMA_STATS["freed_bytes"] += size

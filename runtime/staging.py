@@ -68,6 +68,8 @@ class Streamer:
             self.issued = 0
         self._primed = None
         self.units, self.batch, self.past = units, batch, past
+        if self.log is not None:
+            self.log.append(("start", self.issued))
         for index in range(self.issued, min(self.n, len(units))):
             self._issue(index)
 

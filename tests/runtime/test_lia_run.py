@@ -1,0 +1,111 @@
+"""`lia-run` end to end, in process: a run's output and metrics; every bad input is one line, exit 2, no file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from runtime_plans import make_plan
+
+from liac.models.config import ModelConfig
+from liac.plan import dump_plan
+from liac.runtime.cli import main
+
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4,
+                   head_dim=8, ffn_dim=64, vocab_size=50, max_position=64, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    def write(policy="partial", cfg=TINY, **kwargs):
+        path = tmp_path / f"{policy}.yaml"
+        dump_plan(make_plan(cfg, policy, batch=2, prompt_len=6, gen_len=5, **kwargs), path)
+        return path
+    return write
+
+
+def _fails(argv, capsys, fragment: str) -> str:
+    capsys.readouterr()  # drop what fixtures printed (HF's save progress)
+    assert main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lia-run: ") and fragment in lines[0], err
+    return lines[0]
+
+
+def test_run_prints_summary_and_writes_metrics(plan_file, tmp_path, capsys):
+    metrics_path = tmp_path / "out" / "metrics.json"
+    path = plan_file("mixed", cxl_layers=1)
+    assert main([str(path), "--random-weights", "3", "--emulate-gpu", "--metrics-out", str(metrics_path),
+                 "--profile-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill" in out and "ms/token" in out and "tokens/s" in out
+    assert out.count("CPU-less NUMA node") == 1  # the CXL fallback is said once
+    metrics = json.loads(metrics_path.read_text())
+    assert metrics["run"] == {"batch_size": 2, "prompt_len": 6, "gen_len": 5, "decode_steps": 4}
+    assert metrics["backend"]["emulated_gpu"] is True
+    assert metrics["prefill_ms"] > 0 and metrics["decode_ms_per_token"] > 0
+    assert metrics["tokens_per_second"] == pytest.approx(
+        2 * 5 / ((metrics["prefill_ms"] + metrics["decode_ms"]) / 1e3), rel=1e-3)
+    assert [m["tier"] for m in metrics["memory"]] == ["hbm", "ddr", "cxl"]
+    assert [n for n in metrics["notes"] if "CPU-less" in n]
+    rows = {(r["group"], tuple(r["sublayers"]), r["phase"]): r for r in metrics["sublayers"]}
+    # decode of the offloaded group splits attention (score on the GPU, context on the CPU): two rows; prefill
+    # fuses them on the GPU: one row with both predictions summed
+    score = rows[("offload", ("attn_score",), "decode")]
+    assert score["device"] == "gpu" and score["measured_ms"] > 0
+    fused = rows[("offload", ("attn_score", "attn_context"), "prefill")]
+    plan = make_plan(TINY, "mixed", batch=2, prompt_len=6, gen_len=5, cxl_layers=1)
+    want = sum(t.compute_seconds + t.transfer_seconds for t in plan.status.predicted.sublayers
+               if t.group == "offload" and t.name in ("attn_score", "attn_context") and t.phase == "prefill")
+    assert fused["predicted_ms"] == pytest.approx(want * 1e3, rel=1e-5)
+
+
+def test_prompt_ids_file(plan_file, tmp_path, capsys):
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([[1, 2, 3, 4], [5, 6, 7, 8]]))
+    assert main([str(plan_file("gpu")), "--random-weights", "1", "--emulate-gpu", "--prompt-ids", str(ids),
+                 "--gen-len", "3", "--profile-steps", "0"]) == 0
+    assert "batch 2, prompt 4, 3 new tokens" in capsys.readouterr().out
+
+
+def test_gpu_plan_on_a_host_without_gpu(plan_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("LIAC_EMULATE_GPU", raising=False)
+    metrics = tmp_path / "m.json"
+    line = _fails([plan_file("gpu"), "--random-weights", "0", "--metrics-out", metrics], capsys,
+                  "no CUDA device is available")
+    assert "spec.layer_groups[0].sublayers[0].prefill: must be 'cpu' on this host" in line
+    assert not metrics.exists()
+
+
+def test_bad_requests_and_inputs(plan_file, tmp_path, capsys, checkpoints):
+    path = plan_file("cpu")
+    metrics = tmp_path / "m.json"
+    _fails([path, "--random-weights", "0", "--prompt-len", "7", "--metrics-out", metrics], capsys,
+           "--prompt-len: prompt length must be between 1 and 6")
+    _fails([path, "--random-weights", "0", "--gen-len", "9"], capsys, "--gen-len: new tokens must be between 1 and 5")
+    _fails([path, "--random-weights", "0", "--batch", "3"], capsys, "--batch: batch must be between 1 and 2")
+    _fails([tmp_path / "absent.yaml", "--random-weights", "0"], capsys, "cannot read")
+    opt_dir, _ = checkpoints("opt")  # a checkpoint of another architecture than TINY
+    _fails([path, "--weights", opt_dir], capsys, "the model the plan was compiled for ('tiny-opt')")
+    ids = tmp_path / "ids.json"
+    ids.write_text("[1, 2, \"x\"]")
+    _fails([path, "--random-weights", "0", "--prompt-ids", ids], capsys, "--prompt-ids")
+    _fails([path, "--random-weights", "0", "--weights", opt_dir], capsys, "not allowed with argument")
+    assert not metrics.exists()
+
+
+def test_truncated_checkpoint_is_one_line(checkpoints, tmp_path, capsys):
+    import shutil
+
+    source, cfg = checkpoints("qwen2")
+    directory = tmp_path / "qwen2"
+    shutil.copytree(source, directory)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    path = tmp_path / "plan.yaml"
+    dump_plan(make_plan(cfg, "cpu"), path)
+    _fails([path, "--weights", directory], capsys, "truncated")

@@ -1,0 +1,175 @@
+"""The schedule and the streamer: moves where devices change, streaming units, prefetch order, staging sizes.
+
+Expected moves and transfer counts are derived by hand from the plans' placements (comments give the reasoning),
+never read back from the schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from runtime_plans import make_plan
+
+from liac.errors import LiacError
+from liac.models.config import ModelConfig
+from liac.runtime import Engine, RandomWeights, build_schedule
+from liac.runtime.backend import EmulatedBackend
+from liac.runtime.schedule import Move
+
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=4,
+                   head_dim=8, ffn_dim=64, vocab_size=50, max_position=64, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
+LLAMA = ModelConfig(name="tiny-llama", family="llama", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
+                    head_dim=8, ffn_dim=48, vocab_size=50, max_position=64, norm="rmsnorm", norm_eps=1e-5,
+                    activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=False, rope_theta=10000.0)
+
+
+def _ops(schedule, phase, layer):
+    return [op for op in schedule.phases[phase].ops if op.layer_class == "decoder" and op.layer == layer
+            and op.kind not in ("wait", "release")]
+
+
+def test_mixed_decode_moves_follow_device_changes():
+    # Decode placement of the offloaded layers: qkv gpu, score gpu, context cpu, out_proj cpu, fc1 gpu, fc2 cpu;
+    # KV in DDR. Layer 1 follows layer 0, whose fc2 left the residual x on the CPU.
+    schedule = build_schedule(make_plan(TINY, "mixed"))
+    ops = {op.kind: op for op in _ops(schedule, "decode", 1)}
+    assert [op.kind for op in _ops(schedule, "decode", 1)] == ["qkv", "score", "context", "out_proj", "up", "down"]
+    assert ops["qkv"].moves == (Move("x", "cpu", "gpu"),)
+    assert ops["qkv"].kv_write_crosses  # computed on the GPU, the cache is in DDR
+    assert ops["score"].moves == ()  # q and this step's k were produced on the GPU
+    assert ops["score"].kv_read == "window"  # GPU attention over a DDR cache: streamed
+    assert ops["context"].moves == (Move("p", "gpu", "cpu"),)
+    assert ops["context"].kv_read == "cache"  # V read in place from DDR
+    assert ops["out_proj"].moves == ()  # o and the residual x are both on the CPU already
+    assert ops["up"].moves == (Move("x", "cpu", "gpu"),)
+    assert ops["down"].moves == (Move("h", "gpu", "cpu"),)  # x is still on the CPU: not moved again
+    unit = schedule.phases["decode"].units[[u.layer for u in schedule.phases["decode"].units].index(1)]
+    assert sorted(p.canonical for p, _, _ in unit.weights) == sorted(
+        f"layers.1.{name}" for name in ("qkv.norm.weight", "qkv.norm.bias", "qkv.proj.weight", "qkv.proj.bias",
+                                        "fc1.norm.weight", "fc1.norm.bias", "fc1.proj.weight", "fc1.proj.bias"))
+    assert [which for which, _ in unit.kv] == ["k"]  # only the GPU score needs a window
+
+
+def test_prefill_attention_reads_fresh_kv_and_moves_it_once():
+    schedule = build_schedule(make_plan(TINY, "partial"))
+    qkv, attn = _ops(schedule, "prefill", 0)[:2]
+    assert attn.kind == "attn" and attn.device == "cpu" and attn.kv_read == "fresh"
+    assert attn.moves == (Move("q", "gpu", "cpu"), Move("k", "gpu", "cpu"), Move("v", "gpu", "cpu"))
+    decode_attn = _ops(schedule, "decode", 0)[1]
+    assert decode_attn.kv_read == "cache" and decode_attn.moves == (Move("q", "gpu", "cpu"),)
+
+
+def test_all_gpu_and_all_cpu_plans_move_nothing_but_the_prompt():
+    gpu = build_schedule(make_plan(TINY, "gpu"))
+    moves = [m for phase in gpu.phases.values() for op in phase.ops for m in op.moves]
+    assert moves == [Move("ids", "cpu", "gpu")]  # the prompt arrives from the host once
+    cpu = build_schedule(make_plan(TINY, "cpu"))
+    assert [m for phase in cpu.phases.values() for op in phase.ops for m in op.moves] == []
+    assert not cpu.uses_gpu and cpu.buffers == 0 and cpu.tier_bytes["hbm"] == 0
+
+
+def test_partial_plan_transfers_counted_at_run_time():
+    # LIA partial: qkv, out_proj, FFN on the GPU; attention on the CPU over a DDR cache. Per layer and pass:
+    # prefill moves q, k, v to the CPU and o back; decode moves q and o; every pass writes K and V to DDR.
+    layers, new_tokens = TINY.num_layers, 5
+    engine = Engine.from_plan(make_plan(TINY, "partial", batch=1, prompt_len=4, gen_len=new_tokens),
+                              RandomWeights(0), backend=EmulatedBackend())
+    engine.generate(torch.arange(4)[None], new_tokens)
+    counts = engine.backend.transfers.by_value
+    assert counts == {"ids": 1, "q": layers * new_tokens, "k": layers, "v": layers, "o": layers * new_tokens,
+                      "kv": 2 * layers * new_tokens}
+
+
+def test_staging_layout_and_bytes_match_closed_form():
+    # 'gpu' policy with weights in DDR: every decoder layer streams all its weights in both phases.
+    plan = make_plan(LLAMA, "gpu", weights_tier="ddr", kv_tier="hbm", prefetch_depth=2)
+    schedule = build_schedule(plan)
+    D, F, H, G, E = 32, 48, 4, 2, 8
+    layer_numel = D + D * (H + 2 * G) * E + H * E * D + D + D * 2 * F + F * D  # norms, qkv, o, norm, gate_up, down
+    decode_units = schedule.phases["decode"].units
+    assert [u.layer for u in decode_units] == [0, 1, 2]
+    assert [u.slot for u in decode_units] == [0, 1, 2]  # prefetch_depth 2 → three buffers
+    assert all(u.nbytes == layer_numel * 2 for u in decode_units)
+    assert schedule.buffers == 3
+    assert schedule.buffer_bytes >= plan.spec.execution.staging_bytes
+    kv_layer = plan.spec.workload.batch_size * G * (plan.spec.workload.prompt_len + plan.spec.workload.gen_len - 1) * E
+    assert schedule.kv_shape == (2, G, 27, E)
+    assert schedule.tier_bytes["hbm"] >= 3 * layer_numel * 2 + 3 * 2 * kv_layer * 2
+
+
+def test_staging_too_small_is_one_error():
+    plan = make_plan(LLAMA, "gpu", weights_tier="ddr", kv_tier="hbm", staging_bytes=1000)
+    with pytest.raises(LiacError) as error:
+        build_schedule(plan, source="plan.yaml")
+    assert error.value.path == "spec.execution.staging_bytes"
+    assert "must be at least" in error.value.message
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_streamer_prefetches_depth_units_ahead_and_reuses_buffers_safely(depth):
+    log = []
+    plan = make_plan(LLAMA, "gpu", weights_tier="ddr", kv_tier="ddr", prefetch_depth=depth, batch=1, prompt_len=4,
+                     gen_len=4)
+    engine = Engine.from_plan(plan, RandomWeights(1), backend=EmulatedBackend(), stream_log=log)
+    engine.generate(torch.arange(4)[None], 4)
+    buffers = depth + 1
+    passes, current = [], []
+    for entry in log:  # split the log into passes: a pass ends with the release of its last unit
+        current.append(entry)
+        if entry == ("release", 2):
+            passes.append(current)
+            current = []
+    assert len(passes) == 4  # prefill + 3 decode steps, 3 streamed layers each
+    for index, entries in enumerate(passes):
+        position = {entry: at for at, entry in enumerate(entries)}
+        assert sorted(i for kind, i in entries if kind == "issue") == [0, 1, 2]  # each unit copied once a pass
+        # decode passes find their first `buffers` units already issued by the previous pass (primed)
+        start = [i for kind, i in entries if kind == "start"]
+        assert start == [0 if index == 0 else min(buffers, 3)]
+        for unit in range(3):
+            assert position[("wait", unit)] < position[("release", unit)]
+            if unit + depth < 3:  # the copy of unit + depth is in flight while unit computes
+                assert position[("issue", unit + depth)] < position[("wait", unit)]
+            if unit + buffers < 3:  # a buffer is refilled only after the unit that used it released it
+                assert position[("release", unit)] < position[("issue", unit + buffers)]
+
+
+def test_random_weights_are_plan_independent():
+    prompt = torch.arange(6)[None]
+    outs = []
+    for policy in ("gpu", "cpu", "mixed"):
+        plan = make_plan(TINY, policy, batch=1, prompt_len=6, gen_len=8)
+        engine = Engine.from_plan(plan, RandomWeights(3), backend=EmulatedBackend(), dtype=torch.float32)
+        outs.append(engine.generate(prompt, 8).token_ids)
+        params = engine.store
+        weight = params("layers.0.fc1.proj.weight", plan.spec.layer_groups[1].sublayers[4].weights)
+        norm = params("layers.0.qkv.norm.weight", plan.spec.layer_groups[1].sublayers[0].weights)
+        assert 0.015 < weight.float().std().item() < 0.025 and abs(weight.float().mean().item()) < 0.005
+        assert 0.95 < norm.float().mean().item() < 1.05 and norm.float().std().item() > 0.005
+        assert (weight != 0).all()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    other = Engine.from_plan(make_plan(TINY, "gpu", batch=1, prompt_len=6, gen_len=8), RandomWeights(4),
+                             backend=EmulatedBackend(), dtype=torch.float32)
+    assert not torch.equal(other.store("layers.0.fc1.proj.weight", "hbm"),
+                           Engine.from_plan(make_plan(TINY, "gpu", batch=1, prompt_len=6, gen_len=8),
+                                            RandomWeights(3), backend=EmulatedBackend(),
+                                            dtype=torch.float32).store("layers.0.fc1.proj.weight", "hbm"))
+
+
+def test_tied_head_in_another_tier_gets_its_own_copy():
+    # 'mixed': the embedding is on the CPU (DDR) and the tied LM head streamed from DDR: one copy. Force the head
+    # into HBM: the matrix must then exist in both tiers with identical values.
+    plan = make_plan(TINY, "mixed")
+    groups = list(plan.spec.layer_groups)
+    head = groups[-1]
+    groups[-1] = dataclasses.replace(head, sublayers=(dataclasses.replace(head.sublayers[0], weights="hbm"),))
+    plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, layer_groups=tuple(groups)))
+    schedule = build_schedule(plan)
+    assert schedule.weight_tiers["embed.tokens.weight"] == ("ddr", "hbm")
+    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend())
+    assert torch.equal(engine.store("embed.tokens.weight", "ddr"), engine.store("embed.tokens.weight", "hbm"))
+    assert engine.store("embed.tokens.weight", "ddr").data_ptr() != engine.store("embed.tokens.weight",
+                                                                                  "hbm").data_ptr()
