@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from liac.errors import LiacError
-
 __all__ = ["Backend", "CudaBackend", "EmulatedBackend", "CpuOnlyBackend", "TransferCounts", "make_backend",
            "EMULATE_ENV", "host_available_bytes"]
 
@@ -109,8 +107,9 @@ class Backend:
     def reset_peak(self) -> None:
         pass
 
-    def pin(self, tensor: torch.Tensor) -> None:
-        """Page-lock a host tensor in place (no-op without CUDA)."""
+    def pin(self, tensor: torch.Tensor) -> bool:
+        """Page-lock a host tensor in place; False when it stays pageable (no CUDA, or the OS refused)."""
+        return False
 
     def unpin(self, tensor: torch.Tensor) -> None:
         pass
@@ -186,11 +185,12 @@ class CudaBackend(Backend):
         # cudaHostRegister pins exactly these pages; torch's pinned allocator would round large sizes up to a
         # power of two (up to 2x the host memory for a big weight arena).
         if tensor.numel() == 0:
-            return
+            return False
         err = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), 0)
         if int(err) != 0:
-            raise LiacError("host", f"cannot page-lock {tensor.numel() * tensor.element_size() / 2**30:.2f} GiB of "
-                            f"host memory (cudaHostRegister error {int(err)}): the memory lock limit must allow it")
+            _clear_cuda_error()
+            return False
+        return True
 
     def unpin(self, tensor):
         if tensor.numel():
@@ -199,6 +199,23 @@ class CudaBackend(Backend):
     def describe(self) -> str:
         props = torch.cuda.get_device_properties(self.devices["gpu"])
         return f"{self.devices['gpu']} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error after a failed (non-sticky) call, or torch's next kernel-launch check
+    would report it. libcudart is found among the loaded libraries; a static build has nothing to reset."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as handle:
+            paths = {line.split()[-1] for line in handle if "libcudart" in line}
+    except OSError:
+        return
+    for path in sorted(paths):
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
 
 
 def make_backend(emulate_gpu: bool | None = None) -> Backend:

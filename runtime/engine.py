@@ -144,6 +144,7 @@ class Engine:
         _check_host(plan, source, backend, schedule, cxl.node is not None, itemsize)
 
         memory = TierMemory.allocate(backend, schedule.tier_bytes, cxl)
+        notes.extend(memory.notes)
         try:
             store = WeightStore()
             shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}

@@ -73,7 +73,7 @@ class Executor:
             self.programs[phase] = [(op, self._compile(op, units.get(op.unit))) for op in sched.ops]
         self.units = {phase: sched.units for phase, sched in schedule.phases.items()}
         embed = [op for op in schedule.phases["decode"].ops if op.kind == "embed"][0]
-        self.decode_embed_device = embed.device
+        self.decode_embed_device = "cpu" if embed.gather else embed.device  # where decode token ids go
         self.head_device = {phase: [op for op in sched.ops if op.kind == "lm_head"][0].device
                             for phase, sched in schedule.phases.items()}
         del self.templates  # bound copies hold everything they need
@@ -91,7 +91,8 @@ class Executor:
         # A streamed module is tied to where its weights sit in the buffer, which differs between phases.
         source = ("slot", unit.slot, tuple(offsets[p.canonical] for p in params)) if op.streamed \
             else ("tier", op.weights)
-        key = (op.layer_class, op.layer, MODULE_OF[sublayer], op.device, source)
+        compute = "cpu" if op.gather else op.device  # a host-side gather runs the embedding on the host table
+        key = (op.layer_class, op.layer, MODULE_OF[sublayer], compute, source)
         if key in self._bound:
             return self._bound[key]
         module = copy.deepcopy(self._template(op, sublayer))
@@ -101,10 +102,10 @@ class Executor:
             else:
                 tensor = self.tensors(param.canonical, op.weights)
             _assign(module, param.local, tensor)
-        device = self.backend.devices[op.device]
+        device = self.backend.devices[compute]
         if getattr(module, "inv_freq", None) is not None:
             module.inv_freq = rope_inv_freq(self.cfg, device=device)
-        module = prepare_module(module.eval(), op.device, self.dtype)
+        module = prepare_module(module.eval(), compute, self.dtype)
         self._bound[key] = module
         return module
 
@@ -134,7 +135,15 @@ class Executor:
 
         windows = {which: streamer.window(unit, which) for which, _ in unit.kv} if op.kv_read == "window" else {}
 
-        if kind == "embed":
+        if kind == "embed" and op.gather:
+            transfers = self.backend.transfers
+
+            def step(frame):
+                move(frame.vals, pre)
+                rows = module(frame.vals["ids"]["cpu"], frame.pos["cpu"])  # [B, Q, D] gathered from the host table
+                transfers.streamed_bytes += rows.numel() * rows.element_size()
+                frame.vals["x"] = {"gpu": transfer(rows, "gpu", "embed")}
+        elif kind == "embed":
             def step(frame):
                 move(frame.vals, pre)
                 frame.vals["x"] = {dev: module(frame.vals["ids"][dev], frame.pos[dev])}

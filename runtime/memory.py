@@ -59,10 +59,11 @@ class Arena:
 class TierMemory:
     """The arenas of one run, keyed by the tier the plan names ('cxl' may be served from the DDR arena)."""
 
-    def __init__(self, backend: Backend, arenas: dict[str, Arena], cxl: CxlPlacement):
+    def __init__(self, backend: Backend, arenas: dict[str, Arena], cxl: CxlPlacement, notes: list[str]):
         self.backend = backend
         self.arenas = arenas
         self.cxl = cxl
+        self.notes = notes  # what the run must say once (a tier left pageable)
 
     @classmethod
     def allocate(cls, backend: Backend, sizes: dict[str, int], cxl: CxlPlacement) -> "TierMemory":
@@ -75,18 +76,22 @@ class TierMemory:
         if cxl.node is None and sizes.get("cxl", 0):  # fallback: 'cxl' tensors live in the DDR arena
             sizes["ddr"] = sizes.get("ddr", 0) + sizes.pop("cxl")
         arenas: dict[str, Arena] = {}
+        notes: list[str] = []
         for tier, nbytes in sorted(sizes.items()):
             if nbytes == 0 and tier != "ddr":
                 continue
             storage = _allocate(backend, tier, nbytes, cxl)
             arenas[tier] = Arena(tier, storage)
             if backend.pin_memory and tier != "hbm":
-                backend.pin(storage)
-                # Unregister before the memory can be freed: the finalizer holds `storage` until the arena is gone.
-                weakref.finalize(arenas[tier], backend.unpin, storage)
+                if backend.pin(storage):
+                    # Unregister before the memory can be freed: the finalizer holds `storage` until the arena goes.
+                    weakref.finalize(arenas[tier], backend.unpin, storage)
+                else:
+                    notes.append(f"the '{tier}' tier could not be page-locked (cudaHostRegister failed): its "
+                                 f"streaming copies are synchronous")
         if "cxl" not in arenas and "ddr" in arenas:
             arenas["cxl"] = arenas["ddr"]
-        return cls(backend, arenas, cxl)
+        return cls(backend, arenas, cxl, notes)
 
     def take(self, tier: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return self.arenas[tier].take(shape, dtype)

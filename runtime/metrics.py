@@ -38,7 +38,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
     predicted = plan.status.predicted  # reporting only
     table = _predicted_sublayers(plan)
     sublayers = []
-    for (group, names, phase, device), seconds in sorted(sublayer_seconds.items()):
+    for (group, names, phase, device), seconds in sublayer_seconds.items():  # execution order, prefill first
         parts = [table.get((group, name, phase)) for name in names]
         known = [p for p in parts if p is not None]
         row = {"group": group, "sublayers": list(names), "phase": phase, "device": device,

@@ -73,6 +73,8 @@ class Op:
     weights: the tier of its weights ('none' for attention), `streamed` when it reads them from staging.
     kv_read: attention ops: 'fresh' (this step's K/V), 'cache' (in place) or 'window' (streamed to the GPU).
     kv_write_crosses: qkv ops: the cache lives on the other device.
+    gather: an embedding on the GPU whose table is in a host tier: the B×Q looked-up rows are gathered on the host
+        and sent (what the cost model streams for an embedding), never the whole table.
     """
 
     kind: str
@@ -88,6 +90,7 @@ class Op:
     kv_tier: str = "none"
     kv_read: str = ""
     kv_write_crosses: bool = False
+    gather: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,13 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
                 layer_ops.append(Op(kind, group.name, group.layer_class, layer, device, tuple(sublayers), weights,
                                     streamed, moves=tuple(moves), kv_tier=group.kv_cache, **extra))
 
-            if group.layer_class == "embed":
+            if group.layer_class == "embed" and _gathers(group, phase):
+                moves: list[Move] = []
+                flow.need("ids", "cpu", moves)
+                flow.produce("x", "gpu")
+                layer_ops.append(Op("embed", group.name, "embed", layer, "gpu", ("embed",), tiers["embed"],
+                                    moves=tuple(moves), gather=True))
+            elif group.layer_class == "embed":
                 op("embed", ("embed",), devices["embed"], needs=("ids",), produces=("x",))
             elif group.layer_class == "head":
                 dev = devices["lm_head"]
@@ -253,6 +262,11 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
     return PhaseSchedule(phase, tuple(ops), tuple(units))
 
 
+def _gathers(group, phase: str) -> bool:
+    sub = group.sublayers[0]
+    return getattr(sub, phase) == "gpu" and sub.weights in ("ddr", "cxl")
+
+
 def _with_moves(op: Op, extra: tuple[Move, ...]) -> Op:
     return replace(op, moves=op.moves + extra)
 
@@ -294,7 +308,8 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     kv_window_bytes = kv_shape[0] * kv_shape[1] * kv_shape[2] * kv_shape[3] * itemsize
     nbuf = spec.execution.prefetch_depth + 1  # depth 0: one buffer, copy then compute (no overlap)
     embed = [g for g in spec.layer_groups if g.layer_class == "embed"][0]
-    decode_embed_device = embed.sublayers[0].decode
+    # where a decode step's token ids must be: on the embedding's device, on the host for a host-side gather
+    decode_embed_device = "cpu" if _gathers(embed, "decode") else embed.sublayers[0].decode
     phases = {phase: _phase(plan, cfg, phase, params, nbuf, kv_window_bytes, itemsize, decode_embed_device)
               for phase in PHASES}
 

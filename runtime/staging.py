@@ -11,7 +11,10 @@ is copied into buffer i mod n on a dedicated copy stream:
 
 so while layer i computes, the copies of the next n - 1 units are in flight. `start` issues the first n units of a
 forward pass unless `prime` already did at the end of the previous decode step (the copies then overlap the LM head
-and the sampling too). Every call is appended to `log` when a list is given, which is how the tests check the order.
+and the sampling too). A unit with KV windows also waits for `kv_written`, an event recorded on the compute stream
+by `start` / `prime`: every K/V write of earlier passes (asynchronous GPU → pinned host copies) is then complete
+before the window copy reads the cache. Every call is appended to `log` when a list is given, which is how the
+tests check the order.
 """
 
 from __future__ import annotations
@@ -36,22 +39,25 @@ class Streamer:
         self.host_tensor = host_tensor  # (canonical parameter, tier) → host tensor
         self.kv = kv
         self.dtype = dtype
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
         self.log = log
         self.copied = [backend.event() for _ in buffers]
         self.released = [None] * self.n
+        self.kv_written = backend.event()
         self.stream = backend.copy_stream()
         self.units: tuple[StreamUnit, ...] = ()
         self.batch = 0
         self.past = 0
         self.issued = 0  # units of the current pass already issued
         self._primed: tuple | None = None  # (units, batch, past, issued) copied ahead for the next pass
+        self._copies: dict[int, list] = {}  # id(unit) → [(staging view, host tensor, bytes)], built once
 
     # -- views into the buffers (the executor binds GPU modules to these once) ----------------------------------
     def view(self, slot: int, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
         numel = 1
         for size in shape:
             numel *= size
-        nbytes = numel * torch.empty((), dtype=self.dtype).element_size()
+        nbytes = numel * self.itemsize
         return self.buffers[slot][offset:offset + nbytes].view(self.dtype).view(shape)
 
     def window(self, unit: StreamUnit, which: str) -> torch.Tensor:
@@ -68,6 +74,7 @@ class Streamer:
             self.issued = 0
         self._primed = None
         self.units, self.batch, self.past = units, batch, past
+        self.kv_written.record()
         if self.log is not None:
             self.log.append(("start", self.issued))
         for index in range(self.issued, min(self.n, len(units))):
@@ -76,6 +83,7 @@ class Streamer:
     def prime(self, units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
         """Issue the first units of the next pass now (called after the current pass's last layer)."""
         self.units, self.batch, self.past = units, batch, past
+        self.kv_written.record()
         count = min(self.n, len(units))
         for index in range(count):
             self._issue(index)
@@ -106,12 +114,18 @@ class Streamer:
         with backend.on_stream(self.stream):
             if self.released[slot] is not None:
                 self.released[slot].wait(self.stream)
-            for param, tier, offset in unit.weights:
-                src = self.host_tensor(param.canonical, tier)
-                self.view(slot, offset, param.shape).copy_(src, non_blocking=True)
-                backend.transfers.count(src.numel() * src.element_size(), True, "stream")
-                backend.transfers.streamed_bytes += src.numel() * src.element_size()
+            copies = self._copies.get(id(unit))
+            if copies is None:
+                copies = self._copies[id(unit)] = [
+                    (self.view(slot, offset, param.shape), src, src.numel() * src.element_size())
+                    for param, tier, offset in unit.weights
+                    for src in (self.host_tensor(param.canonical, tier),)]
+            for dst, src, nbytes in copies:
+                dst.copy_(src, non_blocking=True)
+                backend.transfers.count(nbytes, True, "stream")
+                backend.transfers.streamed_bytes += nbytes
             if unit.kv and self.past:
+                self.kv_written.wait(self.stream)
                 layer = unit.layer
                 B, G, C, E = self.kv.shape
                 for which, offset in unit.kv:

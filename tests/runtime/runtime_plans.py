@@ -9,8 +9,9 @@ HBM):
     'cpu'      every sublayer on the CPU, embedding and LM head too (weights and KV in a host tier)
     'partial'  LIA's partial policy: attention (score and context) on the CPU, the GEMMs on the GPU
     'mixed'    prefill all on the GPU; decode splits the layer across devices (qkv, score, fc1 on the GPU,
-               context, out_proj, fc2 on the CPU), weights streamed from DDR, embedding on the CPU, LM head
-               streamed to the GPU; with `cxl_layers` the last layers form a third group in the 'cxl' tier
+               context, out_proj, fc2 on the CPU), weights streamed from DDR, the embedding on the GPU over a DDR
+               table (rows gathered on the host), the LM head streamed to the GPU; with `cxl_layers` the last
+               layers form a third group in the 'cxl' tier
 `spec.memory` and `spec.execution` are filled from closed-form byte counts (parameter numels, the KV formula), an
 upper bound of what the runtime allocates; `status` carries made-up but valid predictions.
 """
@@ -97,7 +98,7 @@ def _placements(cfg: ModelConfig, policy: str):
         return devices, devices, ("gpu", "gpu"), ("gpu", "gpu")
     if policy == "mixed":
         decode = {qkv: "gpu", score: "gpu", context: "cpu", out_proj: "cpu", up: "gpu", down: "cpu"}
-        return "gpu", decode, ("cpu", "cpu"), ("gpu", "gpu")
+        return "gpu", decode, ("gpu", "gpu"), ("gpu", "gpu")
     raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
@@ -148,7 +149,7 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         for sub in group.sublayers:
             if sub.weights != "none":
                 tier_bytes[sub.weights] += numels[sub.name] * 2 * group.layer_count
-                if sub.weights != "hbm" and "gpu" in (sub.prefill, sub.decode):
+                if sub.weights != "hbm" and "gpu" in (sub.prefill, sub.decode) and sub.name != "embed":
                     streamed += numels[sub.name] * 2
             elif sub.decode == "gpu" and group.kv_cache in ("ddr", "cxl"):
                 streamed += kv_one

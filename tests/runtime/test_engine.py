@@ -110,3 +110,39 @@ def test_plan_that_does_not_fit_the_gpu_is_refused_before_allocating():
     error = _refused(plan, backend=make_backend(False))
     assert error.path == "spec.memory.hbm_bytes" and "GiB of GPU memory" in error.message
     assert torch.cuda.memory_allocated() == before
+
+
+class _PinningBackend(EmulatedBackend):
+    """The emulation, but with page-locking calls recorded (and refused on demand)."""
+
+    pin_memory = True
+
+    def __init__(self, refuse: bool):
+        super().__init__()
+        self.refuse, self.pinned, self.unpinned = refuse, [], []
+
+    def pin(self, tensor):
+        self.pinned.append(tensor.numel())
+        return not self.refuse
+
+    def unpin(self, tensor):
+        self.unpinned.append(tensor.numel())
+
+
+def test_host_arenas_are_page_locked_once_and_released():
+    import gc
+
+    backend = _PinningBackend(refuse=False)
+    engine = Engine.from_plan(make_plan(TINY, "mixed"), RandomWeights(0), backend=backend)
+    reserved = engine.memory.reserved_bytes()
+    assert backend.pinned == [reserved["ddr"]]  # one registration for the whole DDR arena (weights + KV)
+    assert not [n for n in engine.notes if "page-locked" in n]
+    del engine
+    gc.collect()
+    assert backend.unpinned == backend.pinned
+
+
+def test_host_arena_that_cannot_be_page_locked_is_said_once():
+    engine = Engine.from_plan(make_plan(TINY, "mixed"), RandomWeights(0), backend=_PinningBackend(refuse=True))
+    assert len([n for n in engine.notes if "could not be page-locked" in n]) == 1
+    assert engine.generate(torch.arange(4)[None], 2).token_ids.shape == (1, 2)

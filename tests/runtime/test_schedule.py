@@ -62,6 +62,27 @@ def test_prefill_attention_reads_fresh_kv_and_moves_it_once():
     assert decode_attn.kv_read == "cache" and decode_attn.moves == (Move("q", "gpu", "cpu"),)
 
 
+def test_gpu_embedding_over_a_host_table_gathers_rows_on_the_host():
+    # 'mixed' puts the embedding on the GPU with its table in DDR: no streaming unit for it; the ids stay on the
+    # host (the greedy token comes back from the GPU head), the looked-up rows cross once per pass.
+    schedule = build_schedule(make_plan(TINY, "mixed"))
+    for phase in ("prefill", "decode"):
+        embed = schedule.phases[phase].ops[0]
+        assert embed.kind == "embed" and embed.gather and embed.device == "gpu" and embed.moves == ()
+        assert all(u.layer_class != "embed" for u in schedule.phases[phase].units)
+        head = [op for op in schedule.phases[phase].ops if op.kind == "lm_head"][0]
+        assert head.moves[-1] == Move("next", "gpu", "cpu")
+    batch, prompt, new_tokens = 1, 4, 3
+    engine = Engine.from_plan(make_plan(TINY, "mixed", batch=batch, prompt_len=prompt, gen_len=new_tokens),
+                              RandomWeights(0), backend=EmulatedBackend(), dtype=torch.float32)
+    out = engine.generate(torch.arange(prompt)[None], new_tokens)
+    assert engine.backend.transfers.by_value["embed"] == new_tokens  # one [B, Q, D] block per pass
+    assert engine.backend.transfers.by_value["next"] == new_tokens
+    reference = Engine.from_plan(make_plan(TINY, "gpu", batch=batch, prompt_len=prompt, gen_len=new_tokens),
+                                 RandomWeights(0), backend=EmulatedBackend(), dtype=torch.float32)
+    assert torch.equal(out.token_ids, reference.generate(torch.arange(prompt)[None], new_tokens).token_ids)
+
+
 def test_all_gpu_and_all_cpu_plans_move_nothing_but_the_prompt():
     gpu = build_schedule(make_plan(TINY, "gpu"))
     moves = [m for phase in gpu.phases.values() for op in phase.ops for m in op.moves]
