@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test artifacts clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Regenerate the checked-in plans/, docs/plans/ and docs/plan-format.md (tests/test_checked_in.py checks them).
+artifacts: $(STAMP)
+	$(PY) scripts/refresh-artifacts
 
 clean:
 	rm -rf $(VENV) build *.egg-info

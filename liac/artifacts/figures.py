@@ -186,14 +186,14 @@ def draw_memory(data: dict, path: Path) -> None:
     for ax, (tier, values) in zip(axes, tiers.items()):
         used = [b / 2**30 for b in values["used"]]
         budget = values["budget"] / 2**30
-        ax.bar(range(len(batches)), used, color=colors[tier], width=0.7)
+        bars = ax.bar(range(len(batches)), used, color=colors[tier], width=0.7)
+        ax.bar_label(bars, [f"{u:.1f}" for u in used], fontsize=7, padding=2)
         ax.axhline(budget, color="black", linestyle="--", linewidth=1)
-        ax.text(len(batches) - 0.5, budget, f"budget {budget:.0f} GiB", ha="right", va="bottom", fontsize=8)
-        ax.set_ylim(0, budget * 1.15)
+        ax.set_ylim(0, max(budget, max(used)) * 1.18)
         ax.set_xticks(range(len(batches)), batches, fontsize=8)
         ax.set_xlabel("batch size")
         ax.set_ylabel("GiB used")
-        ax.set_title(tier.upper(), fontsize=10)
+        ax.set_title(f"{tier.upper()} (budget {budget:.1f} GiB, dashed)", fontsize=10)
     fig.suptitle(f"{data['title']}: memory per tier", fontsize=10)
     _save(fig, path)
 

@@ -38,7 +38,7 @@ def template_environment():
                              undefined=jinja2.StrictUndefined)
     env.filters["cell"] = markdown_cell
     env.filters["gib"] = lambda n: f"{n / 2**30:.1f}"
-    env.filters["sig"] = lambda x: f"{x:.3g}"
+    env.filters["sig"] = lambda x: f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"  # 1820, not 1.82e+03
     return env
 
 
@@ -74,6 +74,7 @@ class SweepPage:
     hardware: str
     plans: tuple  # OffloadPlan, in the order of `points`
     points: tuple[PointSummary, ...]
+    infeasible: tuple[tuple[int, str], ...] = ()  # (batch, reason) from the sweeps' index.yaml
 
 
 def summarize_point(plan, plan_link: str) -> PointSummary:
@@ -102,19 +103,35 @@ def collect_pages(plans_dir: Path, out_dir: Path) -> list[SweepPage]:
     from liac.plan import load_plan
 
     groups: dict[tuple[str, str], list] = {}
+    infeasible: dict[tuple[str, str], set] = {}
     for sweep in find_sweeps(plans_dir):
         for path in plan_files(sweep):
             plan = load_plan(path)
             key = (plan.spec.model.name, plan.spec.hardware.profile)
             link = Path(os.path.relpath(path, out_dir)).as_posix()
             groups.setdefault(key, []).append((plan, link))
+        index = _read_index(sweep)
+        if index:
+            key = (index.get("model"), index.get("profile"))
+            infeasible.setdefault(key, set()).update(
+                (entry["batch_size"], entry["reason"]) for entry in index.get("infeasible") or [])
     pages = []
     for (model, hardware), items in sorted(groups.items()):
         items.sort(key=lambda item: (item[0].spec.workload.batch_size, item[0].spec.workload.prompt_len,
                                      item[0].spec.workload.gen_len, item[1]))
         pages.append(SweepPage(f"{model}.{hardware}", model, hardware, tuple(p for p, _ in items),
-                               tuple(summarize_point(p, link) for p, link in items)))
+                               tuple(summarize_point(p, link) for p, link in items),
+                               tuple(sorted(infeasible.get((model, hardware), ())))))
     return pages
+
+
+def _read_index(sweep: Path) -> dict | None:
+    from liac.artifacts.sweep import read_index
+
+    doc, problems = read_index(sweep)
+    if problems or not isinstance(doc, dict):
+        return None  # a directory of plans without a (valid) index renders without its infeasible points
+    return doc
 
 
 def _catalog(plans_dir: Path) -> list[dict]:
@@ -154,6 +171,8 @@ def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
         write_atomic(out_dir / f"{page.slug}.md", text)
         written.append(out_dir / f"{page.slug}.md")
     catalog = _catalog(plans_dir)
+    order = {(entry.get("model"), entry.get("hardware")): rank for rank, entry in enumerate(catalog)}
+    pages.sort(key=lambda p: (order.get((p.model, p.hardware), len(order)), p.slug))  # the catalog's order
     rendered = {(p.model, p.hardware) for p in pages}
     missing = [entry for entry in catalog if (entry.get("model"), entry.get("hardware")) not in rendered]
     text = env.get_template("plans-index.md.j2").render(pages=pages, missing=missing, mark=GENERATED_MARK)
