@@ -92,6 +92,13 @@ def _percent(old: float, new: float) -> str:
     return f"{(new - old) / old * 100:+.1f}%"
 
 
+def _bytes_detail(old: int, new: int) -> str:
+    """'+5.7%, +14.5 GiB': the percentage alone hides a change that rounds to the same GiB."""
+    delta = new - old
+    return ", ".join(part for part in (_percent(old, new), ("+" if delta > 0 else "-") + format_gib(abs(delta)))
+                     if part)
+
+
 def _identity_changes(a, b) -> list[Change]:
     out = []
     pairs = [("model", "name", a.spec.model.name, b.spec.model.name),
@@ -110,7 +117,7 @@ def _record_changes(section: str, old_record, new_record, fields: list[str], as_
         old, new = getattr(old_record, field), getattr(new_record, field)
         if old != new:
             show = format_gib if as_bytes else str
-            out.append(Change(section, field, show(old), show(new), _percent(old, new) if as_bytes else ""))
+            out.append(Change(section, field, show(old), show(new), _bytes_detail(old, new) if as_bytes else ""))
     return out
 
 
@@ -157,7 +164,7 @@ def _status_changes(a, b) -> list[Change]:
     for tier in sorted(set(used_a) | set(used_b)):
         old, new = used_a.get(tier, 0), used_b.get(tier, 0)
         if old != new:
-            out.append(Change("memory used", tier, format_gib(old), format_gib(new), _percent(old, new)))
+            out.append(Change("memory used", tier, format_gib(old), format_gib(new), _bytes_detail(old, new)))
     sa, sb = a.status.solver, b.status.solver
     for field in ("name", "status", "gap"):
         if getattr(sa, field) != getattr(sb, field):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
+import pytest
 from artifact_plans import TINY_LLAMA, make_plan, replace_sub
 
 from liac.artifacts.diff import diff_plans, fold_layers
 from liac.cli import main
-from liac.plan import plan_to_yaml
+from liac.plan import load_plan, plan_to_yaml
 
 
 def _save(path, plan):
@@ -77,9 +79,9 @@ def test_workload_budgets_memory_and_identity(tmp_path):
     lines = [c.line() for c in diff_plans(before, after).changes if c.section != "predicted"]
     assert lines == ["hardware: profile: test-hw → other-hw",
                      "workload: batch_size: 1 → 8",
-                     "budgets: gpu_bytes: 1.0 GiB → 2.0 GiB (+100.0%)",
-                     "memory reserved: hbm_bytes: 512.0 MiB → 1.0 GiB (+100.0%)",
-                     "memory used: hbm: 256.0 MiB → 512.0 MiB (+100.0%)"]
+                     "budgets: gpu_bytes: 1.0 GiB → 2.0 GiB (+100.0%, +1.0 GiB)",
+                     "memory reserved: hbm_bytes: 512.0 MiB → 1.0 GiB (+100.0%, +512.0 MiB)",
+                     "memory used: hbm: 256.0 MiB → 512.0 MiB (+100.0%, +256.0 MiB)"]
 
 
 def test_sweep_directories_pair_by_file_name(tmp_path, capsys):
@@ -130,3 +132,70 @@ def test_different_models_report_identity_not_layers():
     changes = diff_plans(make_plan(), other).changes
     sections = {c.section for c in changes}
     assert "model" in sections and not sections & {"placement prefill", "placement decode", "weights", "kv_cache"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real compiled plans (the checked-in sweeps)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _layer_moves(a, b, attribute):
+    """Brute force: (unit, old, new) → number of decoder layers whose `attribute` differs, from the groups."""
+    def per_layer(plan):
+        out = {}
+        for group in plan.spec.layer_groups:
+            if group.layer_class == "decoder":
+                for layer in range(group.first_layer, group.first_layer + group.layer_count):
+                    out[layer] = {s.name: getattr(s, attribute) for s in group.sublayers}
+        return out
+    la, lb = per_layer(a), per_layer(b)
+    counts = {}
+    for layer in la:
+        for unit, old in la[layer].items():
+            if lb[layer][unit] != old:
+                key = (unit, old, lb[layer][unit])
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _counted(changes, section):
+    """(unit, old, new) → layers covered by the diff's changes of one section."""
+    counts = {}
+    for change in changes:
+        if change.section != section or not change.subject.startswith("decoder"):
+            continue
+        span, units = change.subject.split(": ")
+        bounds = span.split(" ")[-1].split("..")
+        layers = int(bounds[-1]) - int(bounds[0]) + 1
+        for unit in units.split(", "):
+            key = (unit, change.old, change.new)
+            counts[key] = counts.get(key, 0) + layers
+    return counts
+
+
+@pytest.mark.parametrize("sweep", ["opt-175b.spr-h100", "llama-3.1-70b.spr-h100-cxl", "mixtral-8x7b.spr-a100"])
+def test_checked_in_plans_diff_layer_by_layer_like_brute_force(sweep):
+    files = sorted((REPO / "plans" / sweep).glob("*-p128-g32.yaml"),
+                   key=lambda p: int(p.name.split(".b")[-1].split("-")[0]))
+    plans = [load_plan(f) for f in files]
+    assert any(_layer_moves(a, b, "decode") for a, b in zip(plans, plans[1:]))  # the sweep does move units
+    for a, b in zip(plans, plans[1:]):
+        changes = diff_plans(a, b).changes
+        for attribute in ("prefill", "decode", "weights"):
+            section = f"placement {attribute}" if attribute != "weights" else "weights"
+            assert _counted(changes, section) == _layer_moves(a, b, attribute)
+        assert any(c.section == "workload" and c.subject == "batch_size" for c in changes)
+        assert diff_plans(a, a).changes == ()
+
+
+def test_checked_in_sweep_against_a_copy_of_itself(tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "plans" / "opt-30b.spr-h100", copy)
+    assert _run(capsys, REPO / "plans" / "opt-30b.spr-h100", copy) == (0, ["no semantic differences"], "")
+    last = sorted(copy.glob("*.b256-*.yaml"))[0]
+    last.unlink()
+    code, lines, _ = _run(capsys, REPO / "plans" / "opt-30b.spr-h100", copy)
+    assert code == 1 and lines == [f"only in A: {REPO / 'plans' / 'opt-30b.spr-h100' / last.name}"]
