@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["INDEX_NAME", "CATALOG_NAME", "plan_files", "load_sweep", "validate_sweep", "read_index"]
+__all__ = ["INDEX_NAME", "CATALOG_NAME", "plan_files", "load_sweep", "validate_sweep", "validate_catalog",
+           "read_index"]
 
 INDEX_NAME = "index.yaml"  # a sweep's summary, written by `liac compile`
 CATALOG_NAME = "sweeps.yaml"  # in a directory of sweeps: every model × hardware tried, with why when infeasible
@@ -67,4 +68,46 @@ def validate_sweep(directory: Path):
         findings += [Finding(index_source if path else str(directory), path, message) for path, message in problems]
     else:
         findings += [Finding(index_source, path, message) for path, message in index_problems(doc, plans)]
+    return checked, findings
+
+
+def validate_catalog(directory: Path):
+    """A directory of sweeps (like plans/) → (sources checked, findings): every sweep in it, and its sweeps.yaml
+    when present (each entry names a model and hardware and either an existing sweep directory or a reason)."""
+    from liac.artifacts.validate import Finding
+
+    checked, findings = [], []
+    sweeps = [d for d in sorted(directory.iterdir()) if d.is_dir() and plan_files(d)]
+    for sweep in sweeps:
+        done, found = validate_sweep(sweep)
+        checked += done
+        findings += found
+    path = directory / CATALOG_NAME
+    if not path.is_file():
+        return checked, findings
+    checked.append(str(path))
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        return checked, findings + [Finding(str(path), "", f"not valid YAML: {' '.join(str(e).split())}")]
+    if not isinstance(doc, dict) or not isinstance(doc.get("sweeps"), list):
+        return checked, findings + [Finding(str(path), "sweeps", "must be a list of {model, hardware, directory "
+                                                                 "or reason}")]
+    listed = set()
+    for index, entry in enumerate(doc["sweeps"]):
+        where = f"sweeps[{index}]"
+        if not isinstance(entry, dict) or not {"model", "hardware"} <= set(entry) \
+                or ("directory" in entry) == ("reason" in entry):
+            findings.append(Finding(str(path), where, "must name 'model' and 'hardware', and either 'directory' or "
+                                                      "'reason'"))
+            continue
+        if "directory" in entry:
+            listed.add(entry["directory"])
+            if not (directory / str(entry["directory"]) / INDEX_NAME).is_file():
+                findings.append(Finding(str(path), f"{where}.directory", f"'{entry['directory']}' must be a sweep "
+                                                                         f"directory beside {CATALOG_NAME}"))
+    for sweep in sweeps:
+        if sweep.name not in listed:
+            findings.append(Finding(str(path), "sweeps", f"must list every sweep directory: '{sweep.name}' is "
+                                                         "missing"))
     return checked, findings

@@ -7,7 +7,8 @@ Three layers of checks, each run only when the previous one passed (a later laye
    allowed by the placement);
 3. capacities and status: the bytes the plan puts in each tier, recomputed from `spec.model.config` by
    `footprint.tier_footprint` (not taken from the compiler), against `spec.memory` and `spec.budgets`; the
-   compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals).
+   compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals); and a warning
+   when the shipped hardware profile the plan names has changed since it was compiled.
 
 A finding prints as `<file>: <yaml path>: <message>`, the same shape as `LiacError`.
 """
@@ -93,7 +94,23 @@ def validate_document(doc: Any, source: str):
 
 def plan_problems(plan) -> list[tuple[str, str, str]]:
     """Layer 3 on a semantically valid plan: (path, message, severity) triples."""
-    return _capacity_problems(plan) + _status_memory_problems(plan) + _status_time_problems(plan)
+    return (_capacity_problems(plan) + _status_memory_problems(plan) + _status_time_problems(plan)
+            + _profile_warnings(plan))
+
+
+def _profile_warnings(plan) -> list[tuple[str, str, str]]:
+    """A plan naming a shipped profile that has changed since: still runnable, but its predictions are stale."""
+    from liac.profile import profile_names, resolve_profile
+
+    name = plan.spec.hardware.profile
+    if name not in profile_names():
+        return []  # a user's own profile file: nothing to compare with
+    current = resolve_profile(name).sha256()
+    if current == plan.spec.hardware.sha256:
+        return []
+    return [("spec.hardware.sha256", f"the shipped profile '{name}' has changed since this plan was compiled "
+             f"(now '{current[:12]}…', plan '{plan.spec.hardware.sha256[:12]}…'): recompile for current "
+             "predictions", "warning")]
 
 
 def _capacity_problems(plan) -> list[tuple[str, str, str]]:
@@ -189,10 +206,18 @@ def validate_plan_file(path: str | Path):
 
 
 def validate_path(path: str | Path) -> tuple[list[str], list[Finding]]:
-    """A plan file or a sweep directory → (sources checked, findings)."""
+    """A plan file, a sweep directory (or its index.yaml), or a directory of sweeps (or its sweeps.yaml) →
+    (sources checked, findings)."""
     from liac.artifacts import sweep
 
     path = Path(path)
+    if path.name == sweep.INDEX_NAME and path.is_file():
+        return sweep.validate_sweep(path.parent)
+    if path.name == sweep.CATALOG_NAME and path.is_file():
+        return sweep.validate_catalog(path.parent)
+    if path.is_dir() and not sweep.plan_files(path) and any(sweep.plan_files(d) for d in path.iterdir()
+                                                            if d.is_dir()):
+        return sweep.validate_catalog(path)
     if path.is_dir():
         return sweep.validate_sweep(path)
     _, findings = validate_plan_file(path)

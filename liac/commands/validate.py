@@ -17,8 +17,10 @@ def register(sub) -> None:
                             description="Check offload plans: schema, semantics (known sublayers, layer ranges, "
                                         "config hash), memory per tier recomputed from the model config against "
                                         "spec.memory and spec.budgets, and the compiler's status against spec. "
-                                        "A directory is checked as a sweep: every plan plus its index.yaml.")
-    parser.add_argument("paths", nargs="+", metavar="PLAN", help="plan file (.yaml) or sweep directory")
+                                        "A directory is checked as a sweep: every plan plus its index.yaml; a "
+                                        "directory of sweeps (like plans/) as every sweep plus its sweeps.yaml.")
+    parser.add_argument("paths", nargs="+", metavar="PLAN", help="plan file (.yaml), sweep directory, or "
+                                                                 "directory of sweeps")
     parser.set_defaults(func=run)
 
 
@@ -33,6 +35,18 @@ def run(args) -> int:
             sys.stdout.write(finding.line() + "\n")
         failed = failed or bool(errors)
         if not errors:
-            what = f"{len(checked) - 1} plans and index.yaml" if len(checked) > 1 else "valid plan"
-            sys.stdout.write(f"{path}: OK ({what})\n")
+            sys.stdout.write(f"{path}: OK ({_summary(path, checked)})\n")
     return 2 if failed else 0
+
+
+def _summary(path, checked: list[str]) -> str:
+    """'valid plan', '3 plans and index.yaml', '73 plans, 25 index.yaml and sweeps.yaml'."""
+    if checked == [str(path)] and not str(path).endswith(("index.yaml", "sweeps.yaml")):
+        return "valid plan"
+    indexes = sum(c.endswith("index.yaml") for c in checked)
+    parts = [f"{len(checked) - indexes - sum(c.endswith('sweeps.yaml') for c in checked)} plans"]
+    if indexes:
+        parts.append("index.yaml" if indexes == 1 else f"{indexes} index.yaml")
+    if any(c.endswith("sweeps.yaml") for c in checked):
+        parts.append("sweeps.yaml")
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]

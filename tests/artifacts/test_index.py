@@ -97,3 +97,24 @@ def test_invalid_plan_in_a_sweep_and_missing_index(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert _run(capsys, empty) == (2, [f"{empty}: holds no plan files (*.yaml)"])
+
+
+def test_directory_of_sweeps_and_its_catalog(tmp_path, capsys):
+    root = tmp_path / "plans"
+    sweep = _sweep(root)  # root/sweep
+    (root / "sweeps.yaml").write_text(yaml.safe_dump({"sweeps": [
+        {"model": "tiny-opt", "hardware": "test-hw", "directory": "sweep"},
+        {"model": "huge", "hardware": "test-hw", "reason": "does not fit"}]}))
+    assert _run(capsys, root) == (0, [f"{root}: OK (3 plans, index.yaml and sweeps.yaml)"])
+    assert _run(capsys, root / "sweeps.yaml") == (0, [f"{root / 'sweeps.yaml'}: OK (3 plans, index.yaml and "
+                                                      "sweeps.yaml)"])
+    assert _run(capsys, sweep / "index.yaml") == (0, [f"{sweep / 'index.yaml'}: OK (3 plans and index.yaml)"])
+    (root / "sweeps.yaml").write_text(yaml.safe_dump({"sweeps": [
+        {"model": "tiny-opt", "hardware": "test-hw", "directory": "gone"},
+        {"model": "huge", "hardware": "test-hw"}]}))
+    code, lines = _run(capsys, root)
+    catalog = root / "sweeps.yaml"
+    assert code == 2 and lines == [
+        f"{catalog}: sweeps[0].directory: 'gone' must be a sweep directory beside sweeps.yaml",
+        f"{catalog}: sweeps[1]: must name 'model' and 'hardware', and either 'directory' or 'reason'",
+        f"{catalog}: sweeps: must list every sweep directory: 'sweep' is missing"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -227,3 +229,34 @@ def test_validate_document_returns_the_plan_when_valid():
     plan = make_plan(TINY_LLAMA, batch=4)
     loaded, findings = validate_document(_doc(plan), "x")
     assert findings == [] and loaded == plan
+
+
+def test_changed_shipped_profile_is_a_warning_not_an_error(tmp_path, capsys):
+    from liac.profile import resolve_profile
+
+    plan = make_plan()
+    hardware = dataclasses.replace(plan.spec.hardware, profile="spr-h100", sha256="f" * 64)
+    doc = to_data(dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, hardware=hardware)))
+    path = _write(tmp_path, doc)
+    code, lines, _ = _run(capsys, path)
+    current = resolve_profile("spr-h100").sha256()[:12]
+    assert code == 0
+    assert lines == [f"warning: {path}: spec.hardware.sha256: the shipped profile 'spr-h100' has changed since this "
+                     f"plan was compiled (now '{current}…', plan 'ffffffffffff…'): recompile for current predictions",
+                     f"{path}: OK (valid plan)"]
+
+
+def test_console_script_prints_one_line_per_error_and_exits_2(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    doc = _doc()
+    doc["spec"]["workload"]["objective"] = "speed"
+    path = _write(tmp_path, doc)
+    script = shutil.which("liac", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "liac.cli"]
+    done = subprocess.run([*command, "validate", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr == ""
+    assert done.stdout == (f"{path}: spec.workload.objective: unsupported value 'speed': must be one of 'latency', "
+                           "'throughput'\n")
