@@ -111,12 +111,15 @@ def _tier_pressure(plan) -> list[TierPressure]:
         head = f"{_TIER_WORDS[tier]}: {format_gib(used.get(tier, 0))} of {format_gib(budget)} used"
         if tier == "hbm":
             heaviest = max(per_layer[g.name]["hbm"] for g in decoders)
-            holders = sum(g.layer_count for g in decoders if per_layer[g.name]["hbm"] == heaviest)
+            top = [g for g in decoders if per_layer[g.name]["hbm"] == heaviest]
+            holders = sum(g.layer_count for g in top)
             needs = [heaviest - per_layer[g.name]["hbm"] for g in decoders if per_layer[g.name]["hbm"] < heaviest]
             need = min(needs) if needs else 0
-            what = f"{holders} of {num_layers} decoder layers resident; one more needs"
-            idle = (f"not binding: one more layer like the {holders} most resident would fit ({format_gib(need)} "
-                    f"of {format_gib(free)} free), and the solver found it no faster")
+            resident = all(s.weights in ("hbm", "none") for s in top[0].sublayers) and top[0].kv_cache == "hbm"
+            how = "resident" if resident else f"with {format_gib(heaviest)} each in HBM"
+            what = f"{holders} of {num_layers} decoder layers {how}; one more needs"
+            idle = (f"not binding: one more layer like the {holders} with the most in HBM would fit "
+                    f"({format_gib(need)} of {format_gib(free)} free), and the solver found it no faster")
         else:
             need = min(sum(per_layer[g.name].values()) for g in decoders)
             what = "one more layer's weights and KV cache need"

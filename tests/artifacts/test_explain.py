@@ -10,6 +10,7 @@ import pytest
 
 from liac.api import compile_plans, write_plans
 from liac.artifacts.explain import explain_plan
+from liac.artifacts.validate import format_gib
 from liac.cli import main
 from liac.models import ZOO
 from liac.passes.trace import trace_model
@@ -89,7 +90,8 @@ def test_tight_budget_binds_hbm_as_a_hand_count_says(compiled):
         if hbm.binding:
             holders = sum(g.layer_count for g in plan.spec.layer_groups if heavy.get(g.name) == top)
             assert hbm.message.startswith("GPU memory full at ")
-            assert f": {holders} of {cfg.num_layers} decoder layers resident; one more needs " in hbm.message
+            assert f": {holders} of {cfg.num_layers} decoder layers " in hbm.message
+            assert f"; one more needs {format_gib(hbm.need_bytes)}, {format_gib(hbm.free_bytes)} free" in hbm.message
     assert any(next(t for t in explain_plan(p).tiers if t.tier == "hbm").binding for p in compiled["tight"])
 
 
