@@ -10,8 +10,10 @@ The library behind `liac validate | explain | diff | docs`. Modules, one concern
     migrate.py       older apiVersion documents → the next version (pure dict → dict functions)
     explain.py       plan → why each sublayer runs where it does (prices recomputed through liac.api)
     diff.py          two plans or sweep directories → semantic differences
-    render.py        directory of sweeps → Markdown pages (docs/plans/), figures drawn by figures.py
+    render.py        directory of sweeps → Markdown pages (docs/plans/)
+    figures.py       a page's data → placement, latency and memory figures (matplotlib, PNG)
     schemadoc.py     JSON Schema → docs/plan-format.md
+    refresh.py       the checked-in plans/, docs/plans/, docs/plan-format.md, regenerated (scripts/refresh-artifacts)
 
 This package imports nothing at import time: `liac.plan` registers the migrations of `migrate.py`, and the runtime
 imports `liac.plan`.

@@ -3,6 +3,9 @@
 A sweep directory is what `liac compile --batch 1..256 -o DIR` writes: one plan file per workload point and an
 `index.yaml` summarising them. Plans are paired, listed and rendered by file name; `index.yaml` is checked against
 the plans it lists (each listed file exists and is valid, every plan file is listed, the summary repeats the plan).
+
+A directory of sweeps (like `plans/`) holds one sweep per subdirectory and may hold `sweeps.yaml`, the catalog
+written by scripts/refresh-artifacts (every model × hardware tried, with its directory or why it has none).
 """
 
 from __future__ import annotations
@@ -12,8 +15,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["INDEX_NAME", "CATALOG_NAME", "plan_files", "load_sweep", "validate_sweep", "validate_catalog",
-           "read_index"]
+__all__ = ["INDEX_NAME", "CATALOG_NAME", "plan_files", "validate_sweep", "validate_catalog", "read_index"]
 
 INDEX_NAME = "index.yaml"  # a sweep's summary, written by `liac compile`
 CATALOG_NAME = "sweeps.yaml"  # in a directory of sweeps: every model × hardware tried, with why when infeasible
@@ -38,13 +40,6 @@ def read_index(directory: str | Path) -> tuple[Any, list[tuple[str, str]]]:
         return None, [("", f"cannot read: {e}")]
     except yaml.YAMLError as e:
         return None, [("", f"not valid YAML: {' '.join(str(e).split())}")]
-
-
-def load_sweep(directory: str | Path) -> list[tuple[Path, Any]]:
-    """Every plan of a sweep directory, loaded (raises the loader's LiacError on the first invalid one)."""
-    from liac.plan import load_plan
-
-    return [(path, load_plan(path)) for path in plan_files(directory)]
 
 
 def validate_sweep(directory: Path):

@@ -242,7 +242,8 @@ def test_changed_shipped_profile_is_a_warning_not_an_error(tmp_path, capsys):
     current = resolve_profile("spr-h100").sha256()[:12]
     assert code == 0
     assert lines == [f"warning: {path}: spec.hardware.sha256: the shipped profile 'spr-h100' has changed since this "
-                     f"plan was compiled (now '{current}…', plan 'ffffffffffff…'): recompile for current predictions",
+                     f"plan was compiled (now '{current}…', plan 'ffffffffffff…'): recompile for current "
+                     "predictions",
                      f"{path}: OK (valid plan)"]
 
 
