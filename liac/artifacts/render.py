@@ -3,11 +3,12 @@
 Each page has the sweep table (batch, policy per phase, predicted latency, tokens/s, memory per tier) and three
 figures beside it (drawn by `figures.py`): a placement heatmap (unit × batch, CPU/GPU, per phase), a stacked latency
 breakdown per batch (CPU compute, GPU compute, transfers, streaming), and memory per tier against its budget. An
-index page links every page and lists the model × hardware pairs that have no feasible plan (`sweeps.yaml`).
+index page links every page, in the order of `sweeps.yaml` when there is one, and lists the pairs it names that
+have no sweep, with the reason (infeasible, or not checked in).
 
-Figures are named by a hash of the data they plot (`placement-<sha12>.png`): a page's text changes exactly when a
-figure's content does, so the staleness test compares page text and checks that each named image exists, without
-comparing PNG bytes (which differ across matplotlib and FreeType versions).
+Figures are named by a hash of the data they plot and of the drawing code (`placement-<sha12>.png`): a page's text
+changes exactly when one of its figures would, so the staleness test compares page text and checks that each named
+image exists, without comparing PNG bytes (which differ across matplotlib and FreeType versions).
 """
 
 from __future__ import annotations
