@@ -37,6 +37,7 @@ def _llama(name, hidden, layers, heads, kv_heads, ffn, vocab, max_pos, theta, ll
 
 ZOO: dict[str, ModelConfig] = {c.name: c for c in [
     # OPT (Zhang et al. 2022, Table 1): d_model, layers, heads; FFN = 4·d_model; vocab 50272; tied LM head.
+    _opt("opt-125m", 768, 12, 12),
     _opt("opt-1.3b", 2048, 24, 32),
     _opt("opt-6.7b", 4096, 32, 32),
     _opt("opt-13b", 5120, 40, 40),
@@ -59,6 +60,7 @@ ZOO: dict[str, ModelConfig] = {c.name: c for c in [
 
 # Published parameter counts (exact where the model card / paper gives them).
 PUBLISHED_PARAMS: dict[str, tuple[float, str]] = {
+    "opt-125m": (125e6, "OPT paper, Table 1 (125M)"),
     "opt-1.3b": (1.32e9, "HF model card facebook/opt-1.3b (1.32B)"),
     "opt-6.7b": (6.7e9, "OPT paper, Table 1"),
     "opt-13b": (12.9e9, "HF model card facebook/opt-13b (12.9B)"),
