@@ -4,12 +4,17 @@
     engine = Engine.from_plan("plan.yaml", weights="ckpt/")        # or RandomWeights(seed=0)
     out = engine.generate(input_ids, max_new_tokens=32)            # greedy; out.token_ids [B, 32]
 
+    host = HostWeights.random(cfg, seed=0)                         # several plans over one set of weights
+    with Engine.from_plan("plan.yaml", weights=host) as engine:    # copies only its 'hbm' tensors; close frees them
+        ...
+
 Modules, in the order a run uses them:
     schedule.py   plan → per-phase ops, activation moves, streaming units, bytes per tier (computed once)
     backend.py    the 'gpu' device: CUDA, or the CPU-backed emulation for tests; streams, events, transfers
     numa.py       the CXL tier: first CPU-less NUMA node, libnuma allocation (or the DDR fallback)
     memory.py     one arena per tier (HBM, pinned DDR, CXL), sized before anything is allocated
     weights.py    safetensors checkpoints tensor by tensor into their tiers, or seeded random weights
+    hostweights.py  one pinned host copy of a model's weights shared by several engines (benchmarks)
     kernels.py    (op kind, device) → kernel; optional IPEX
     kvcache.py    per-layer KV cache in its tier
     staging.py    host → GPU streaming into staging buffers on a copy stream, prefetch_depth layers ahead
@@ -23,7 +28,8 @@ It never imports liac.passes (tests/runtime/test_runtime_imports.py checks it).
 
 from liac.runtime.backend import Backend, CudaBackend, EmulatedBackend, make_backend
 from liac.runtime.engine import Engine, Generation, RandomWeights
+from liac.runtime.hostweights import HostWeights
 from liac.runtime.schedule import Schedule, build_schedule
 
-__all__ = ["Engine", "Generation", "RandomWeights", "Backend", "CudaBackend", "EmulatedBackend", "make_backend",
+__all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "Backend", "CudaBackend", "EmulatedBackend", "make_backend",
            "Schedule", "build_schedule"]

@@ -96,6 +96,11 @@ class Backend:
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
         dst.copy_(src)
 
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Host → GPU `dst.copy_(src)` for [R, L, E] views whose rows are each contiguous but strided apart (the
+        past tokens of a KV cache, one row per sequence and head): ONE copy on the current stream, not R."""
+        dst.copy_(src)
+
     # memory ----------------------------------------------------------------------------------------------------
     def gpu_free_bytes(self) -> int | None:
         """Free GPU memory, or None when the 'gpu' shares host memory (emulated)."""
@@ -104,8 +109,17 @@ class Backend:
     def gpu_peak_bytes(self) -> int | None:
         return None
 
+    def gpu_peak_reserved_bytes(self) -> int | None:
+        return None
+
+    def gpu_allocated_bytes(self) -> int | None:
+        return None
+
     def reset_peak(self) -> None:
         pass
+
+    def release_cached(self) -> None:
+        """Hand cached, unused GPU memory back to the driver (after an engine closes)."""
 
     def pin(self, tensor: torch.Tensor) -> bool:
         """Page-lock a host tensor in place; False when it stays pageable (no CUDA, or the OS refused)."""
@@ -171,12 +185,38 @@ class CudaBackend(Backend):
         # activation from the GPU through a blocking `transfer`, which waits for this copy (same stream).
         dst.copy_(src, non_blocking=dst.is_pinned() or src.is_pinned())
 
+    def copy_rows(self, dst, src):
+        rows, length, width = src.shape
+        itemsize = src.element_size()
+        memcpy_2d = _cudart_memcpy_2d()
+        if memcpy_2d is not None and rows and length and src.is_pinned() and dst.stride()[1:] == (width, 1) \
+                and src.stride()[1:] == (width, 1):
+            # cudaMemcpy2DAsync: `rows` runs of length·E elements, each at its own pitch, asynchronous from pinned
+            # memory. torch's copy_ of a strided host view would first gather it into pageable memory (a host
+            # memcpy, then a synchronous copy).
+            err = memcpy_2d(dst.data_ptr(), dst.stride(0) * itemsize, src.data_ptr(), src.stride(0) * itemsize,
+                            length * width * itemsize, rows, _HOST_TO_DEVICE, torch.cuda.current_stream().cuda_stream)
+            if int(err) == 0:
+                return
+            _clear_cuda_error()
+        for row in range(rows):  # no usable libcudart: one contiguous copy per row
+            dst[row].copy_(src[row], non_blocking=True)
+
     def gpu_free_bytes(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.devices["gpu"])
         return int(free)
 
     def gpu_peak_bytes(self) -> int:
         return int(torch.cuda.max_memory_allocated(self.devices["gpu"]))
+
+    def gpu_peak_reserved_bytes(self) -> int:
+        return int(torch.cuda.max_memory_reserved(self.devices["gpu"]))
+
+    def gpu_allocated_bytes(self) -> int:
+        return int(torch.cuda.memory_allocated(self.devices["gpu"]))
+
+    def release_cached(self) -> None:
+        torch.cuda.empty_cache()
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.devices["gpu"])
@@ -190,6 +230,9 @@ class CudaBackend(Backend):
         if int(err) != 0:
             _clear_cuda_error()
             return False
+        if not tensor.is_pinned():  # CUDA must see the pages as page-locked, or copies from them stay synchronous
+            self.unpin(tensor)
+            return False
         return True
 
     def unpin(self, tensor):
@@ -201,17 +244,46 @@ class CudaBackend(Backend):
         return f"{self.devices['gpu']} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
 
 
+_HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
+_CUDART: list = []   # [the ctypes libcudart torch loaded, or None], looked up once
+
+
+def _loaded_cudart_paths() -> list[str]:
+    try:
+        with open("/proc/self/maps") as handle:
+            paths = {line.split()[-1] for line in handle if "libcudart" in line}
+    except OSError:
+        return []
+    major = (torch.version.cuda or "").split(".")[0]
+    # the runtime torch itself uses first (another package may have loaded a second one)
+    return sorted(paths, key=lambda p: (f"libcudart.so.{major}" not in p, p))
+
+
+def _cudart_memcpy_2d():
+    """cudaMemcpy2DAsync of the libcudart torch loaded (through ctypes), or None (a static build, no CUDA)."""
+    import ctypes
+
+    if not _CUDART:
+        function = None
+        for path in _loaded_cudart_paths():
+            try:
+                function = ctypes.CDLL(path).cudaMemcpy2DAsync
+            except (OSError, AttributeError):
+                continue
+            function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            function.restype = ctypes.c_int
+            break
+        _CUDART.append(function)
+    return _CUDART[0]
+
+
 def _clear_cuda_error() -> None:
     """Reset the CUDA runtime's last error after a failed (non-sticky) call, or torch's next kernel-launch check
     would report it. libcudart is found among the loaded libraries; a static build has nothing to reset."""
     import ctypes
 
-    try:
-        with open("/proc/self/maps") as handle:
-            paths = {line.split()[-1] for line in handle if "libcudart" in line}
-    except OSError:
-        return
-    for path in sorted(paths):
+    for path in _loaded_cudart_paths():
         try:
             ctypes.CDLL(path).cudaGetLastError()
         except (OSError, AttributeError):

@@ -10,6 +10,7 @@ any sublayer is on 'gpu', free GPU memory, available host RAM). Every failure is
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from liac.errors import LiacError
 from liac.plan import API_VERSION, OffloadPlan, check_semantics, load_plan
 from liac.runtime.backend import Backend, host_available_bytes, make_backend
 from liac.runtime.executor import Executor
+from liac.runtime.hostweights import HostWeights
+from liac.runtime.kernels import choose_cpu_linear
 from liac.runtime.kvcache import KVCache
 from liac.runtime.memory import TierMemory, aligned
 from liac.runtime.numa import libnuma, plan_cxl_placement, read_nodes
@@ -28,7 +31,8 @@ from liac.runtime.schedule import Schedule, build_schedule
 from liac.runtime.staging import Streamer
 from liac.runtime.weights import (Checkpoint, Progress, RandomWeights, WeightStore, fill_random, load_checkpoint)
 
-__all__ = ["Engine", "Generation", "RandomWeights", "SUPPORTED_FAMILIES", "check_request", "resolve_plan"]
+__all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES", "check_request",
+           "resolve_plan"]
 
 SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -91,34 +95,57 @@ class Engine:
     """A loaded plan: use `Engine.from_plan`, then `generate`."""
 
     def __init__(self, plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, memory: TierMemory,
-                 store: WeightStore, executor: Executor, dtype: torch.dtype, notes: list[str]):
+                 store: WeightStore, executor: Executor, dtype: torch.dtype, notes: list[str],
+                 shared: HostWeights | None = None, shared_bytes: dict[str, int] | None = None,
+                 cpu_linear: tuple[str, dict | None] = ("linear", None), build_seconds: float = 0.0):
         self.plan, self.source, self.backend, self.schedule = plan, source, backend, schedule
         self.memory, self.store, self.executor, self.dtype = memory, store, executor, dtype
         self.notes = notes
         self.cfg = plan.model_config
+        self.shared = shared                            # the HostWeights this engine's host tensors view
+        self.shared_bytes = shared_bytes or {"hbm": 0, "ddr": 0, "cxl": 0}  # per planned tier, served by `shared`
+        self.cpu_linear = cpu_linear                    # (small-M CPU kernel, measured GB/s or None)
+        self.build_seconds = build_seconds
+        self.closed = False
 
     @classmethod
-    def from_plan(cls, plan: OffloadPlan | str | os.PathLike, weights: str | os.PathLike | RandomWeights, *,
-                  emulate_gpu: bool | None = None, backend: Backend | None = None, dtype: torch.dtype | None = None,
-                  progress: bool = False, stream_log: list | None = None) -> "Engine":
+    def from_plan(cls, plan: OffloadPlan | str | os.PathLike,
+                  weights: str | os.PathLike | RandomWeights | HostWeights, *, emulate_gpu: bool | None = None,
+                  backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
+                  stream_log: list | None = None, cpu_kernel: str = "auto") -> "Engine":
         """Check, allocate, load.
 
         Args:
             plan: an OffloadPlan or the path of its YAML.
-            weights: a HF checkpoint directory, or RandomWeights(seed).
+            weights: a HF checkpoint directory, RandomWeights(seed), or HostWeights shared with other engines (its
+                host copies serve the plan's 'ddr' tensors in place; only the rest is copied).
             emulate_gpu: run 'gpu' sublayers on the CPU behind the GPU interface (test mode); None reads
-                LIAC_EMULATE_GPU. Ignored when `backend` is given.
-            dtype: compute/storage dtype; default the plan's (bf16). Tests use float32 for exact token parity.
+                LIAC_EMULATE_GPU. Ignored when `backend` is given (or for HostWeights, which bring theirs).
+            dtype: compute/storage dtype; default the plan's (bf16), or the HostWeights'. Tests use float32 for
+                exact token parity.
             progress: print a loading progress line on stderr.
             stream_log: a list to receive the streamer's issue/wait/release calls (tests).
+            cpu_kernel: the small-M CPU projection kernel: 'auto' (measure F.linear and torch.mv on this plan's CPU
+                weights, runtime/kernels.py), 'linear' or 'mv'.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
         """
+        began = time.perf_counter()
         plan, source = resolve_plan(plan)
         cfg = plan.model_config
         ckpt = None
-        if not isinstance(weights, RandomWeights):
+        shared = weights if isinstance(weights, HostWeights) else None
+        if shared is not None:
+            if shared.cfg.sha256() != plan.spec.model.config_sha256:
+                raise LiacError(source, f"must be a plan for the shared weights' model '{shared.cfg.name}' (its "
+                                f"architecture hashes to '{shared.cfg.sha256()[:12]}…'), got one for "
+                                f"'{plan.spec.model.name}'", path="spec.model.config_sha256")
+            if dtype is not None and dtype != shared.dtype:
+                raise LiacError("dtype", f"must be the shared weights' {shared.dtype}, got {dtype}")
+            dtype = shared.dtype
+            backend = backend or shared.backend
+        elif not isinstance(weights, RandomWeights):
             ckpt = Checkpoint.open(weights)
             found = ckpt.config()
             if found.sha256() != plan.spec.model.config_sha256:
@@ -141,30 +168,64 @@ class Engine:
         notes = [cxl.note] if cxl.note and cxl.node is None else []
         if backend.emulated:
             notes.append(backend.describe())
-        _check_host(plan, source, backend, schedule, cxl.node is not None, itemsize)
+        shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}
+        # With shared HostWeights, the tiers that are host memory here ('ddr', and 'cxl' without a CXL node) are
+        # views of the shared arena: this engine allocates and fills only the other copies.
+        in_shared = {"hbm": False, "ddr": shared is not None, "cxl": shared is not None and cxl.node is None}
+        shared_bytes = {"hbm": 0, "ddr": 0, "cxl": 0}
+        for canonical, tiers in schedule.weight_tiers.items():
+            for tier in tiers:
+                if in_shared[tier]:
+                    shared_bytes[tier] += aligned(_numel(shapes[canonical]) * itemsize)
+        arena_bytes = {tier: nbytes - shared_bytes[tier] for tier, nbytes in schedule.tier_bytes.items()}
+        _check_host(plan, source, backend, schedule, cxl.node is not None, itemsize, arena_bytes,
+                    sum(shared_bytes.values()))
 
-        memory = TierMemory.allocate(backend, schedule.tier_bytes, cxl)
+        memory = TierMemory.allocate(backend, arena_bytes, cxl)
         notes.extend(memory.notes)
         try:
             store = WeightStore()
-            shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}
             for canonical, tiers in sorted(schedule.weight_tiers.items()):
                 for tier in tiers:
-                    store.add(canonical, tier, memory.take(tier, shapes[canonical], dtype))
-            weight_bytes = sum(t.numel() * t.element_size() for t in store.tensors.values())
-            if ckpt is not None:
-                load_checkpoint(ckpt, sources, store, Progress("loading weights", weight_bytes, progress))
+                    store.add(canonical, tier, shared.tensor(canonical) if in_shared[tier]
+                              else memory.take(tier, shapes[canonical], dtype))
+            own = [(c, t) for c, tiers in sorted(schedule.weight_tiers.items()) for t in tiers if not in_shared[t]]
+            own_bytes = sum(store(c, t).numel() * itemsize for c, t in own)
+            if shared is not None:
+                _copy_from_shared(shared, store, own, Progress("copying weights", own_bytes, progress))
+            elif ckpt is not None:
+                load_checkpoint(ckpt, sources, store, Progress("loading weights", own_bytes, progress))
             else:
                 device = backend.devices["gpu"] if backend.name == "cuda" else torch.device("cpu")
-                fill_random(store, weights.seed, device, Progress("random weights", weight_bytes, progress))
+                fill_random(store, weights.seed, device, Progress("random weights", own_bytes, progress))
+            cpu_linear = choose_cpu_linear(_cpu_weights(schedule, store), cpu_kernel)
             kv = KVCache(backend, memory, schedule.kv_tiers, schedule.kv_shape, dtype)
             buffers = [memory.take("hbm", (schedule.buffer_bytes,), torch.uint8) for _ in range(schedule.buffers)]
             streamer = Streamer(backend, buffers, store, kv, dtype, stream_log)
-            executor = Executor(backend, schedule, cfg, dtype, store, kv, streamer)
+            executor = Executor(backend, schedule, cfg, dtype, store, kv, streamer, cpu_linear[0])
+            backend.synchronize()
         except torch.cuda.OutOfMemoryError as e:
             raise LiacError("host", "CUDA out of memory while placing the model: the plan does not fit this GPU "
                                     "(free memory is below spec.memory.hbm_bytes plus the activation workspace)") from e
-        return cls(plan, source, backend, schedule, memory, store, executor, dtype, notes)
+        return cls(plan, source, backend, schedule, memory, store, executor, dtype, notes, shared, shared_bytes,
+                   cpu_linear, time.perf_counter() - began)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free what this engine allocated (GPU arena, host arenas) and hand cached GPU memory back, so the next
+        engine gets it; shared HostWeights stay. The engine cannot generate afterwards."""
+        if self.closed:
+            return
+        self.closed = True
+        self.executor = self.store = self.memory = None  # type: ignore[assignment]
+        gc.collect()  # the bound modules and closures form cycles; the arenas go with them
+        self.backend.release_cached()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------------------------------------------------
     def check_request(self, batch: int, prompt_len: int, max_new_tokens: int) -> None:
@@ -180,9 +241,14 @@ class Engine:
             raise LiacError("input_ids", f"token ids must be in 0..{self.cfg.vocab_size - 1}")
         return ids
 
+    def _open(self) -> None:
+        if self.closed:
+            raise LiacError("engine", f"is closed (plan '{self.plan.metadata.name}'): build a new one")
+
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False) -> Generation:
         """Greedy generation of `max_new_tokens` tokens for each prompt in `input_ids` [B, P]."""
+        self._open()
         ids = self._ids(input_ids)
         batch, prompt_len = ids.shape
         self.check_request(batch, prompt_len, max_new_tokens)
@@ -227,6 +293,7 @@ class Engine:
 
         Returns (group, sublayers, phase, device) → mean seconds. Not timed with `generate`, so it never slows it.
         """
+        self._open()
         ids = self._ids(input_ids)
         batch, prompt_len = ids.shape
         self.check_request(batch, prompt_len, decode_steps + 1)
@@ -237,19 +304,34 @@ class Engine:
             frame = self.executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings)
         return {key: sum(values) / len(values) for key, values in timings.items()}
 
-    def memory_report(self) -> dict[str, dict[str, int | None]]:
-        """Per tier: bytes the plan reserves (spec.memory), the arenas this run allocated, and the peak seen."""
+    def memory_report(self) -> dict[str, dict[str, int | bool | None]]:
+        """Per tier: bytes the plan reserves (spec.memory), what this run holds (its arenas plus the shared
+        HostWeights it uses there), of which shared, the peak seen, and whether the host tiers are page-locked."""
         import resource
 
+        self._open()
         reserved = self.memory.reserved_bytes()
+        placed = {tier: self.memory.placed_in(tier) for tier in ("hbm", "ddr", "cxl")}
+        shared = {"hbm": 0, "ddr": 0, "cxl": 0}
+        for tier, nbytes in self.shared_bytes.items():
+            shared[placed[tier]] += nbytes  # 'cxl' served from DDR counts where it really is
         planned = self.plan.spec.memory
         host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
         gpu_peak = self.backend.gpu_peak_bytes()
+
+        def pinned(tier: str) -> bool | None:
+            parts = ([self.memory.pinned[tier]] if tier in self.memory.pinned else []) + \
+                ([self.shared.pinned] if shared[tier] else [])
+            return all(parts) if parts else None  # None: nothing of the run sits there
+
         return {
-            "hbm": {"planned_bytes": planned.hbm_bytes, "reserved_bytes": reserved["hbm"], "peak_bytes": gpu_peak},
-            "ddr": {"planned_bytes": planned.ddr_bytes, "reserved_bytes": reserved["ddr"], "peak_bytes": host_peak},
-            "cxl": {"planned_bytes": planned.cxl_bytes, "reserved_bytes": reserved["cxl"],
-                    "peak_bytes": reserved["cxl"]},
+            "hbm": {"planned_bytes": planned.hbm_bytes, "reserved_bytes": reserved["hbm"], "shared_bytes": 0,
+                    "peak_bytes": gpu_peak, "pinned": None},
+            "ddr": {"planned_bytes": planned.ddr_bytes, "reserved_bytes": reserved["ddr"] + shared["ddr"],
+                    "shared_bytes": shared["ddr"], "peak_bytes": host_peak, "pinned": pinned("ddr")},
+            "cxl": {"planned_bytes": planned.cxl_bytes, "reserved_bytes": reserved["cxl"] + shared["cxl"],
+                    "shared_bytes": shared["cxl"], "peak_bytes": reserved["cxl"] + shared["cxl"],
+                    "pinned": pinned("cxl")},
         }
 
 
@@ -269,10 +351,42 @@ def check_request(plan: OffloadPlan, batch: int, prompt_len: int, max_new_tokens
                             f"(spec.workload.{field} of plan '{plan.metadata.name}'), got {value}")
 
 
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _copy_from_shared(shared: HostWeights, store: WeightStore, own: list[tuple[str, str]],
+                      progress: Progress) -> None:
+    """Fill this engine's own copies ('hbm', or 'cxl' on a CXL node) from the shared host arena."""
+    for canonical, tier in own:
+        target = store(canonical, tier)
+        target.copy_(shared.tensor(canonical), non_blocking=True)  # from pinned memory: queued, one sync at the end
+        progress.advance(target.numel() * target.element_size())
+
+
+def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
+    """The distinct 2-D weights CPU ops read (what the small-M kernel choice is measured on)."""
+    seen, out = set(), []
+    for phase in schedule.phases.values():
+        for op in phase.ops:
+            if op.device != "cpu" or op.weights not in ("ddr", "cxl") or op.kind == "embed":  # a lookup, no GEMV
+                continue
+            for sublayer in op.sublayers:
+                for param in schedule.params[(op.layer_class, op.layer, sublayer)]:
+                    if len(param.shape) == 2 and (param.canonical, op.weights) not in seen:
+                        seen.add((param.canonical, op.weights))
+                        out.append(store(param.canonical, op.weights))
+    return out
+
+
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,
-                itemsize: int) -> None:
-    """Free GPU memory and available host RAM must cover what the plan reserves and what this run allocates."""
-    need = schedule.tier_bytes
+                itemsize: int, arena_bytes: dict[str, int], shared_bytes: int) -> None:
+    """Free GPU memory and available host RAM must cover what the plan reserves and what this run allocates
+    (`arena_bytes` per tier; `shared_bytes` of the plan's host tensors already sit in shared HostWeights)."""
+    need = arena_bytes
     memory = plan.spec.memory
     gpu_need = 0
     if schedule.uses_gpu or need["hbm"]:
@@ -282,9 +396,8 @@ def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Sche
         raise LiacError(source, f"needs {gpu_need / GIB:.2f} GiB of GPU memory, {free / GIB:.2f} GiB are free on "
                                 f"{backend.describe()} (short by {(gpu_need - free) / GIB:.2f} GiB)",
                         path="spec.memory.hbm_bytes")
-    host_need = max(memory.ddr_bytes, need["ddr"])
-    if not cxl_node:
-        host_need += max(memory.cxl_bytes, need["cxl"])
+    planned_host = memory.ddr_bytes + (0 if cxl_node else memory.cxl_bytes)
+    host_need = max(planned_host - shared_bytes, need["ddr"] + (0 if cxl_node else need["cxl"]))
     if free is None:  # emulated: the 'gpu' tier is host memory too
         host_need += gpu_need
     available = host_available_bytes()

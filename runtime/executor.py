@@ -57,8 +57,9 @@ class Executor:
     """Runs the passes of a Schedule (see the module docstring)."""
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
-                 tensors, kv: KVCache, streamer: Streamer):
+                 tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
+        self.cpu_linear = cpu_linear  # the small-M CPU kernel the engine measured (runtime/kernels.py)
         self.tensors = tensors  # (canonical parameter, tier) → tensor
         self.kv, self.streamer = kv, streamer
         with torch.device("meta"):
@@ -105,7 +106,7 @@ class Executor:
         device = self.backend.devices[compute]
         if getattr(module, "inv_freq", None) is not None:
             module.inv_freq = rope_inv_freq(self.cfg, device=device)
-        module = prepare_module(module.eval(), compute, self.dtype)
+        module = prepare_module(module.eval(), compute, self.dtype, self.cpu_linear)
         self._bound[key] = module
         return module
 

@@ -12,31 +12,90 @@ CPU backends:
              sublayer modules keep their nn.Linear and go through `ipex.optimize(..., weights_prepack=False)`,
              so IPEX makes no second copy of weights the plan placed. Optional, never a dependency; IPEX 2.8 needs
              torch 2.8, so no host of this project has exercised this path yet (docs/runtime.md).
+
+Small-M CPU projections (decode: batch × 1 rows) read their weights once, so memory bandwidth decides, and which
+of F.linear and torch.mv reads faster differs between hosts and even between starts of one host. An engine measures
+both on its own CPU weights at build time (`choose_cpu_linear`, ~0.3 s) and binds the winner to its CPU modules.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["KERNELS", "KernelLinear", "bind_kernels", "prepare_module", "cpu_backend", "ipex_module"]
+__all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "bind_kernels", "prepare_module", "cpu_backend",
+           "ipex_module", "measure_cpu_linear", "choose_cpu_linear"]
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, weight, bias)
 
 
-# Keyed by (op kind, plan device). At batch 1 on the dev machine F.linear (oneDNN) beat torch.mv by ~1.8x for an
-# 8192x8192 bf16 weight, the opposite of what measurements.md saw with an older build, so both devices use
-# F.linear until a benchmark on the target host says otherwise.
+SMALL_M_ROWS = 16  # up to this many rows (batch × query tokens) a projection reads its weights once: a GEMV
+
+
+def _linear_mv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear, but small-M products as torch.mv / W @ xᵀ (faster than oneDNN's brgemm on some hosts)."""
+    rows = x.numel() // x.shape[-1]
+    if rows > SMALL_M_ROWS or rows == 0:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])
+    y = torch.mv(weight, flat[0])[None] if rows == 1 else (weight @ flat.T).T
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# Keyed by (op kind, plan device). F.linear everywhere by default: on the H200 host it read weights at 70-75 GB/s
+# at M = 1-16 against 40-48 for torch.mv in one run (/work/shared/hw), but another start of that machine saw the
+# opposite (mv 26 vs 20 GB/s), so an engine measures both on its own CPU weights (`choose_cpu_linear`).
 KERNELS: dict[tuple[str, str], Callable[..., torch.Tensor]] = {
     ("linear", "cpu"): _linear,
     ("linear", "gpu"): _linear,
 }
+CPU_LINEAR = {"linear": _linear, "mv": _linear_mv}  # the small-M choices for ('linear', 'cpu')
+MEASURE_MIN_BYTES = 256 * 2**20  # below this the sample sits in the CPU caches: measuring would mislead
+_MEASURE_MAX_BYTES = 2 * 2**30
+
+
+def measure_cpu_linear(weights: list[torch.Tensor], rounds: int = 3) -> dict[str, float]:
+    """GB/s each CPU_LINEAR kernel reads `weights` at, at M = 1 (interleaved rounds, after one warm-up each)."""
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
+    seconds = {name: 0.0 for name in CPU_LINEAR}
+    with torch.inference_mode():
+        for round_ in range(rounds + 1):
+            for name, kernel in CPU_LINEAR.items():
+                began = time.perf_counter()
+                for w, x in zip(weights, xs):  # rotating over the sample: no weight is still cached
+                    kernel(x, w, None)
+                if round_:
+                    seconds[name] += time.perf_counter() - began
+    return {name: nbytes * rounds / max(s, 1e-9) / 1e9 for name, s in seconds.items()}
+
+
+def choose_cpu_linear(weights: list[torch.Tensor], request: str = "auto") -> tuple[str, dict[str, float] | None]:
+    """The small-M CPU kernel for an engine: `request` ('linear' | 'mv'), or for 'auto' the faster of the two on
+    `weights` (largest first; 'mv' only when ≥ 10 % faster). Returns (name, measured GB/s or None)."""
+    if request != "auto":
+        if request not in CPU_LINEAR:
+            raise ValueError(f"CPU kernel must be 'auto' or one of {sorted(CPU_LINEAR)}, got {request!r}")
+        return request, None
+    sample, nbytes = [], 0
+    for w in sorted(weights, key=lambda w: -w.numel()):
+        if nbytes >= _MEASURE_MAX_BYTES:
+            break
+        sample.append(w)
+        nbytes += w.numel() * w.element_size()
+    if nbytes < MEASURE_MIN_BYTES:
+        return "linear", None
+    rates = measure_cpu_linear(sample)
+    return ("mv" if rates["mv"] > 1.1 * rates["linear"] else "linear"), rates
 
 
 class KernelLinear(nn.Module):
@@ -53,14 +112,15 @@ class KernelLinear(nn.Module):
         return self.kernel(x, self.weight, self.bias)
 
 
-def bind_kernels(module: nn.Module, device: str) -> nn.Module:
-    """Replace every nn.Linear inside `module` (in place) by a KernelLinear with the kernel for `device`."""
-    kernel = KERNELS[("linear", device)]
+def bind_kernels(module: nn.Module, device: str, kernel: Callable[..., torch.Tensor] | None = None) -> nn.Module:
+    """Replace every nn.Linear inside `module` (in place) by a KernelLinear with `kernel`, by default the table's
+    kernel for `device`."""
+    kernel = kernel or KERNELS[("linear", device)]
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             setattr(module, name, KernelLinear(child.weight, child.bias, kernel))
         else:
-            bind_kernels(child, device)
+            bind_kernels(child, device, kernel)
     return module
 
 
@@ -83,10 +143,13 @@ def cpu_backend() -> str:
     return "ipex" if ipex_module() is not None else "torch"
 
 
-def prepare_module(module: nn.Module, device: str, dtype: torch.dtype) -> nn.Module:
-    """Make a bound sublayer module run on `device`'s kernels: IPEX for CPU modules when usable, else KERNELS."""
+def prepare_module(module: nn.Module, device: str, dtype: torch.dtype, cpu_linear: str | None = None) -> nn.Module:
+    """Make a bound sublayer module run on `device`'s kernels: IPEX for CPU modules when usable, else KERNELS (or,
+    on the CPU, the engine's `cpu_linear` choice from CPU_LINEAR)."""
     if device == "cpu":
         ipex = ipex_module()
         if ipex is not None:
             return ipex.optimize(module.eval(), dtype=dtype, inplace=True, weights_prepack=False)
+        if cpu_linear is not None:
+            return bind_kernels(module, device, CPU_LINEAR[cpu_linear])
     return bind_kernels(module, device)

@@ -19,7 +19,7 @@ from liac.errors import LiacError
 from liac.runtime.backend import Backend
 from liac.runtime.numa import CxlPlacement, numa_empty
 
-__all__ = ["ALIGN_BYTES", "HOME", "aligned", "Arena", "TierMemory"]
+__all__ = ["ALIGN_BYTES", "HOME", "aligned", "Arena", "TierMemory", "pin_host"]
 
 ALIGN_BYTES = 256  # every tensor starts on a 256-byte boundary (cuBLAS / oneDNN friendly, any dtype can view it)
 
@@ -59,11 +59,13 @@ class Arena:
 class TierMemory:
     """The arenas of one run, keyed by the tier the plan names ('cxl' may be served from the DDR arena)."""
 
-    def __init__(self, backend: Backend, arenas: dict[str, Arena], cxl: CxlPlacement, notes: list[str]):
+    def __init__(self, backend: Backend, arenas: dict[str, Arena], cxl: CxlPlacement, notes: list[str],
+                 pinned: dict[str, bool] | None = None):
         self.backend = backend
         self.arenas = arenas
         self.cxl = cxl
         self.notes = notes  # what the run must say once (a tier left pageable)
+        self.pinned = pinned or {}  # host tier → page-locked (checked with is_pinned, not assumed)
 
     @classmethod
     def allocate(cls, backend: Backend, sizes: dict[str, int], cxl: CxlPlacement) -> "TierMemory":
@@ -77,21 +79,21 @@ class TierMemory:
             sizes["ddr"] = sizes.get("ddr", 0) + sizes.pop("cxl")
         arenas: dict[str, Arena] = {}
         notes: list[str] = []
+        pinned: dict[str, bool] = {}
         for tier, nbytes in sorted(sizes.items()):
             if nbytes == 0 and tier != "ddr":
                 continue
             storage = _allocate(backend, tier, nbytes, cxl)
             arenas[tier] = Arena(tier, storage)
-            if backend.pin_memory and tier != "hbm":
-                if backend.pin(storage):
-                    # Unregister before the memory can be freed: the finalizer holds `storage` until the arena goes.
-                    weakref.finalize(arenas[tier], backend.unpin, storage)
-                else:
-                    notes.append(f"the '{tier}' tier could not be page-locked (cudaHostRegister failed): its "
-                                 f"streaming copies are synchronous")
+            if tier == "hbm" or nbytes == 0:
+                continue
+            pinned[tier] = pin_host(backend, storage, arenas[tier])
+            if backend.pin_memory and not pinned[tier]:
+                notes.append(f"the '{tier}' tier could not be page-locked (cudaHostRegister failed): its "
+                             f"streaming copies are synchronous")
         if "cxl" not in arenas and "ddr" in arenas:
             arenas["cxl"] = arenas["ddr"]
-        return cls(backend, arenas, cxl, notes)
+        return cls(backend, arenas, cxl, notes, pinned)
 
     def take(self, tier: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return self.arenas[tier].take(shape, dtype)
@@ -106,6 +108,17 @@ class TierMemory:
         for arena in {id(a): a for a in self.arenas.values()}.values():
             out[arena.tier] += arena.capacity_bytes
         return out
+
+
+def pin_host(backend: Backend, storage: torch.Tensor, owner: object) -> bool:
+    """Page-lock `storage` for as long as `owner` lives; True when it is (the backend checks, not assumes).
+
+    Unregistering must happen before the memory can be freed: the finalizer holds `storage` until `owner` goes.
+    """
+    if not backend.pin_memory or not backend.pin(storage):
+        return False
+    weakref.finalize(owner, backend.unpin, storage)
+    return True
 
 
 def _allocate(backend: Backend, tier: str, nbytes: int, cxl: CxlPlacement) -> torch.Tensor:

@@ -58,7 +58,10 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
         "model": plan.spec.model.name,
         "backend": {"gpu": engine.backend.describe(), "emulated_gpu": engine.backend.emulated,
                     "cpu_kernels": cpu_backend(), "dtype": str(engine.dtype).replace("torch.", ""),
-                    "torch": torch.__version__, "cpu_threads": torch.get_num_threads()},
+                    "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
+                    "cpu_small_m_kernel": engine.cpu_linear[0],
+                    "cpu_small_m_gb_per_s": ({k: stable_float(v) for k, v in engine.cpu_linear[1].items()}
+                                             if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
                 "decode_steps": steps},
         "prefill_ms": _ms(generation.prefill_seconds),
@@ -68,7 +71,8 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
         "tokens_per_second": stable_float(batch * new_tokens / total) if total > 0 else None,
         "predicted": {"prefill_ms": _ms(predicted.prefill_seconds),
                       "decode_ms_per_token": _ms(predicted.decode_seconds_per_token),
-                      "tokens_per_second": stable_float(predicted.tokens_per_second)},
+                      "tokens_per_second": stable_float(predicted.tokens_per_second),
+                      "total_ms": _ms(predicted.total_seconds)},
         "sublayers": sublayers,
         "memory": memory,
         "transfers": {"h2d_bytes": transfers.h2d_bytes, "d2h_bytes": transfers.d2h_bytes,
@@ -101,5 +105,7 @@ def summary_lines(metrics: dict) -> list[str]:
         peak = row["peak_bytes"]
         lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / 2**30:.3f} GiB of "
                      f"{row['planned_bytes'] / 2**30:.3f} GiB planned"
-                     + (f", peak {peak / 2**30:.3f} GiB" if peak is not None else ""))
+                     + (f" ({row['shared_bytes'] / 2**30:.3f} GiB shared weights)" if row["shared_bytes"] else "")
+                     + (f", peak {peak / 2**30:.3f} GiB" if peak is not None else "")
+                     + {True: ", pinned", False: ", pageable", None: ""}[row["pinned"]])
     return lines

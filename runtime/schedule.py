@@ -27,7 +27,7 @@ from liac.plan import OffloadPlan
 from liac.runtime.memory import HOME, aligned
 
 __all__ = ["PHASES", "Move", "Op", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo", "build_schedule",
-           "MODULE_OF"]
+           "MODULE_OF", "model_params"]
 
 PHASES = ("prefill", "decode")
 
@@ -133,7 +133,8 @@ class Schedule:
         return any(op.device == "gpu" for phase in self.phases.values() for op in phase.ops)
 
 
-def _params(cfg: ModelConfig) -> dict[tuple[str, int, str], tuple[ParamInfo, ...]]:
+def model_params(cfg: ModelConfig) -> dict[tuple[str, int, str], tuple[ParamInfo, ...]]:
+    """(layer class, layer, sublayer) → the parameters its module reads, from a model built on 'meta'."""
     import torch
 
     from liac.models import build_model
@@ -301,7 +302,7 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     """
     cfg = plan.model_config
     spec = plan.spec
-    params = _params(cfg)
+    params = model_params(cfg)
     work = spec.workload
     tokens = work.prompt_len + work.gen_len - 1  # the last generated token is never attended to
     kv_shape = (work.batch_size, cfg.num_kv_heads, tokens, cfg.head_dim)

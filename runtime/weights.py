@@ -270,6 +270,12 @@ def fill_random(store: WeightStore, seed: int, device: torch.device, progress: P
             chunk = torch.randn(count, generator=generator, device=device, dtype=torch.float32).mul_(0.02)
             if norm_scale:
                 chunk.add_(1.0)
+            # Cast where generated (torch would cast a GPU → host copy on the host, through a pageable fp32
+            # buffer); into page-locked memory the copy is then a queued DMA (the caching allocator keeps `chunk`
+            # alive for it on the stream). Same rounding either way: same values.
+            chunk = chunk.to(flat[0].dtype)
             for target in flat:
-                target[first:first + count].copy_(chunk)
+                target[first:first + count].copy_(chunk, non_blocking=target.is_pinned() or target.is_cuda)
             progress.advance(count * flat[0].element_size() * len(flat))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

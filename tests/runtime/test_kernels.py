@@ -68,3 +68,29 @@ def test_ipex_used_only_when_it_matches_torch(monkeypatch):
     assert isinstance(block.proj, nn.Linear)
     prepare_module(_Block(), "gpu", torch.bfloat16)  # GPU modules never go through IPEX
     assert len(seen) == 1
+
+
+def test_small_m_kernel_matches_f_linear_at_every_m():
+    torch.manual_seed(1)
+    weight, bias = torch.randn(24, 16), torch.randn(24)
+    for shape in ((1, 1, 16), (2, 1, 16), (4, 4, 16), (1, 17, 16)):  # mv, W @ xᵀ, W @ xᵀ (16 rows), F.linear
+        x = torch.randn(shape)
+        for b in (bias, None):
+            got = kernels.CPU_LINEAR["mv"](x, weight, b)
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b))
+            assert got.shape == shape[:-1] + (24,)
+
+
+def test_small_m_kernel_choice(monkeypatch):
+    small = [torch.zeros(64, 64, dtype=torch.bfloat16)]
+    assert kernels.choose_cpu_linear(small, "mv") == ("mv", None)  # asked for: no measurement
+    assert kernels.choose_cpu_linear(small) == ("linear", None)  # cache-resident sample: not measured, the default
+    monkeypatch.setattr(kernels, "MEASURE_MIN_BYTES", 0)
+    rates = kernels.measure_cpu_linear(small, rounds=1)
+    assert set(rates) == {"linear", "mv"} and all(r > 0 for r in rates.values())
+    for measured, want in (({"linear": 10.0, "mv": 10.5}, "linear"), ({"linear": 10.0, "mv": 11.5}, "mv")):
+        monkeypatch.setattr(kernels, "measure_cpu_linear", lambda weights, measured=measured: measured)
+        assert kernels.choose_cpu_linear(small) == (want, measured)  # mv only when ≥ 10 % faster
+    block = prepare_module(_Block(), "cpu", torch.float32, cpu_linear="mv")
+    if cpu_backend() == "torch":
+        assert block.proj.kernel is kernels.CPU_LINEAR["mv"]

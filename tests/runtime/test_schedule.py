@@ -194,3 +194,18 @@ def test_tied_head_in_another_tier_gets_its_own_copy():
     assert torch.equal(engine.store("embed.tokens.weight", "ddr"), engine.store("embed.tokens.weight", "hbm"))
     assert engine.store("embed.tokens.weight", "ddr").data_ptr() != engine.store("embed.tokens.weight",
                                                                                   "hbm").data_ptr()
+
+
+@pytest.mark.gpu
+def test_kv_window_rows_are_one_2d_copy_on_cuda():
+    import liac.runtime.backend as backend_module
+    from liac.runtime.backend import CudaBackend
+
+    backend = CudaBackend()
+    src = torch.randn(6, 10, 4).pin_memory()  # 6 (sequence, head) rows of 10 tokens; the first 7 are the past
+    dst = torch.zeros(6, 10, 4, device="cuda")
+    with backend.on_stream(backend.copy_stream()):
+        backend.copy_rows(dst[:, :7], src[:, :7])
+    backend.synchronize()
+    assert backend_module._cudart_memcpy_2d() is not None  # the 2-D copy, not the per-row fallback
+    assert torch.equal(dst[:, :7].cpu(), src[:, :7]) and not dst[:, 7:].any()

@@ -1,0 +1,259 @@
+"""Run many offload plans of one model over ONE set of random weights; one JSON results file, rewritten per plan.
+
+    python bench/run_plans.py PLAN.yaml [PLAN.yaml ...] --seed 0 --out bench/results/runs.json
+        [--batch B] [--prompt-len P] [--gen-len M]      # default: each plan's workload (never more)
+        [--runs RUNS.json]                              # per-run requests: [{"plan": path, "batch": .., ...}]
+        [--max-seconds S] [--profile-steps K] [--metrics-dir DIR] [--emulate-gpu]
+
+For the H200 benchmark: generating 60 GB of random weights per plan would cost more than the runs, so the weights
+are generated once (on the GPU, copied into one page-locked host arena: `liac.runtime.HostWeights`), and each plan
+builds an engine over them that copies only its 'hbm' tensors to the GPU and frees them again on close. Per run:
+build the engine, warm up (one short generate), the timed generate, a separate per-sublayer profiling pass over a
+few decode steps (the numbers `liac calibrate` fits), peak GPU memory (allocated and reserved), close. A run whose
+estimate from the plan's own prediction (status.predicted, for reporting and this budget only) exceeds
+`--max-seconds` is recorded as skipped. The results file is written atomically after every run, so a timeout
+never loses finished runs; one summary line per run goes to stdout.
+
+The orchestrator may import it instead: `run_plans([RunSpec("a.yaml"), ...], seed=0, out="r.json")`.
+Runs with the GPU machine's stock python3 from a checkout where liac is not installed: see `_import_liac`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RunSpec", "run_plans", "estimate_seconds", "main", "RESULTS_VERSION"]
+
+RESULTS_VERSION = 1
+ROOT = Path(__file__).resolve().parent.parent
+WARMUP_PROMPT = 16  # tokens of the warm-up prompt (and 2 new tokens): warms kernels and streams, costs little
+
+
+def _import_liac() -> None:
+    """Make `liac.runtime` importable from a plain checkout: pyproject maps runtime/ → liac.runtime (and
+    passes/ → liac.passes, which the runtime never needs); an installed liac is used as is."""
+    try:
+        import liac.runtime  # noqa: F401
+        return
+    except ImportError:
+        pass
+    sys.path.insert(0, str(ROOT))
+    import liac
+
+    spec = importlib.util.spec_from_file_location("liac.runtime", ROOT / "runtime" / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT / "runtime")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["liac.runtime"] = module
+    liac.runtime = module  # type: ignore[attr-defined]
+    spec.loader.exec_module(module)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: a plan file and the request (None: the plan's workload value)."""
+
+    plan: str
+    batch: int | None = None
+    prompt_len: int | None = None
+    gen_len: int | None = None
+
+
+def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int) -> float:
+    """Wall time a run should take by the plan's prediction: warm-up, timed generate, profiling pass.
+
+    Prefill scales with batch × prompt against the plan's workload; decode per token with batch (both upper
+    bounds for smaller requests, whose per-token cost is never more than linear)."""
+    prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
+    step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
+    warmup = prefill * min(1.0, WARMUP_PROMPT / prompt_len) + step
+    timed = prefill + step * (gen_len - 1)
+    profile = (prefill + step * profile_steps) if profile_steps else 0.0
+    return warmup + timed + profile
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
+
+
+def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | None = None,
+              max_seconds: float | None = None, profile_steps: int = 2, emulate_gpu: bool | None = None,
+              metrics_dir: str | os.PathLike | None = None, log=print) -> dict:
+    """Run `runs` over one HostWeights (see the module docstring); return the results document.
+
+    Raises:
+        LiacError: a plan that does not load, or plans for different models (before any weights are made).
+    """
+    _import_liac()
+    import torch
+
+    from liac.errors import LiacError
+    from liac.plan import write_atomic
+    from liac.runtime import Engine, HostWeights, make_backend
+    from liac.runtime.engine import check_request, resolve_plan
+    from liac.runtime.metrics import build_metrics, write_metrics
+
+    plans = [resolve_plan(run.plan)[0] for run in runs]
+    if not plans:
+        raise LiacError("run_plans", "needs at least one plan")
+    hashes = {p.spec.model.config_sha256 for p in plans}
+    if len(hashes) > 1:
+        names = sorted({p.spec.model.name for p in plans})
+        raise LiacError("run_plans", f"all plans must be for one model (one set of weights), got {', '.join(names)}")
+    cfg = plans[0].model_config
+    backend = make_backend(emulate_gpu)
+    log(f"run_plans: {len(runs)} run(s) of {cfg.name} on {backend.describe()}; seed {seed}")
+    host = HostWeights.random(cfg, seed, backend=backend, progress=True)
+    log(f"run_plans: weights {host.nbytes / 2**30:.2f} GiB generated in {host.timings['total_seconds']:.1f} s "
+        f"(allocate {host.timings['allocate_seconds']:.1f} s, touch + page-lock {host.timings['pin_seconds']:.1f} s, "
+        f"fill {host.timings['fill_seconds']:.1f} s); pinned: {host.pinned}")
+    results = {"version": RESULTS_VERSION, "model": cfg.name, "config_sha256": cfg.sha256(), "seed": seed,
+               "max_seconds": max_seconds, "profile_steps": profile_steps,
+               "host": {"gpu": backend.describe(), "emulated_gpu": backend.emulated, "torch": torch.__version__,
+                        "cpu_threads": torch.get_num_threads()},
+               "weights": host.describe(), "runs": []}
+
+    def save() -> None:
+        if out is not None:
+            write_atomic(out, json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+    generator = torch.Generator().manual_seed(seed)
+    for index, (run, plan) in enumerate(zip(runs, plans)):
+        work = plan.spec.workload
+        batch, prompt_len = run.batch or work.batch_size, run.prompt_len or work.prompt_len
+        gen_len = run.gen_len or work.gen_len
+        record = {"plan_file": str(run.plan), "plan": plan.metadata.name,
+                  "request": {"batch_size": batch, "prompt_len": prompt_len, "gen_len": gen_len},
+                  "predicted": {"prefill_ms": _ms(plan.status.predicted.prefill_seconds),  # reporting only
+                                "decode_ms_per_token": _ms(plan.status.predicted.decode_seconds_per_token),
+                                "tokens_per_second": round(plan.status.predicted.tokens_per_second, 3),
+                                "total_ms": _ms(plan.status.predicted.total_seconds)}}
+        estimate = estimate_seconds(plan.status.predicted, work, batch, prompt_len, gen_len, profile_steps)
+        record["estimated_seconds"] = round(estimate, 3)
+        results["runs"].append(record)
+        label = f"[{index + 1}/{len(runs)}] {Path(run.plan).name} ({plan.metadata.name})"
+        began = time.perf_counter()
+        try:
+            check_request(plan, batch, prompt_len, gen_len)
+            if max_seconds is not None and estimate > max_seconds:
+                record["skipped"] = (f"estimated {estimate:.0f} s from the plan's prediction exceeds --max-seconds "
+                                     f"{max_seconds:g}")
+                log(f"{label}: skipped ({record['skipped']})")
+                save()
+                continue
+            ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=generator)
+            backend.reset_peak()
+            with Engine.from_plan(plan, weights=host, backend=backend) as engine:
+                record["build_seconds"] = round(engine.build_seconds, 3)
+                warm = time.perf_counter()
+                engine.generate(ids[:, :min(prompt_len, WARMUP_PROMPT)], min(2, gen_len))
+                record["warmup_seconds"] = round(time.perf_counter() - warm, 3)
+                generation = engine.generate(ids, gen_len)
+                steps = min(profile_steps, gen_len - 1)
+                spent = time.perf_counter() - began
+                if steps and max_seconds is not None and spent > max_seconds:
+                    record["profile_skipped"] = f"the run took {spent:.0f} s, over --max-seconds {max_seconds:g}"
+                    steps = 0
+                profile = engine.profile(ids, steps) if profile_steps and "profile_skipped" not in record else {}
+                metrics = build_metrics(engine, generation, profile)
+                metrics["plan_file"] = str(run.plan)
+                record["metrics"] = metrics
+                record["gpu"] = {"peak_allocated_bytes": backend.gpu_peak_bytes(),
+                                 "peak_reserved_bytes": backend.gpu_peak_reserved_bytes()}
+            record["gpu"]["allocated_after_close_bytes"] = backend.gpu_allocated_bytes()
+            if metrics_dir is not None:
+                write_metrics(Path(metrics_dir) / f"{index:02d}-{plan.metadata.name}.json", metrics)
+            record["summary"] = {"prefill_ms": metrics["prefill_ms"],
+                                 "decode_ms_per_token": metrics["decode_ms_per_token"],
+                                 "tokens_per_second": metrics["tokens_per_second"]}
+            peak = record["gpu"]["peak_allocated_bytes"]
+            log(f"{label} b{batch} p{prompt_len} g{gen_len}: prefill "
+                f"{metrics['prefill_ms']:.1f} ms (pred {record['predicted']['prefill_ms']:.1f}), decode "
+                + (f"{metrics['decode_ms_per_token']:.1f}" if metrics["decode_ms_per_token"] is not None else "-")
+                + f" ms/token (pred {record['predicted']['decode_ms_per_token']:.1f}), "
+                f"{metrics['tokens_per_second']:.1f} tokens/s"
+                + (f", GPU peak {peak / 2**30:.2f} GiB" if peak is not None else "")
+                + f" [{time.perf_counter() - began:.0f} s]")
+        except LiacError as e:
+            record["error"] = e.line()
+            log(f"{label}: error: {e.line()}")
+        except Exception as e:  # a crash in one run must not lose the others (the traceback goes to stderr)
+            traceback.print_exc()
+            record["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+            log(f"{label}: error: {record['error']}")
+            backend.release_cached()
+        record["wall_seconds"] = round(time.perf_counter() - began, 3)
+        save()
+    host.close()
+    return results
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _read_runs(path: str) -> list[RunSpec]:
+    from liac.errors import LiacError
+
+    try:
+        data = json.loads(Path(path).read_text())
+        runs = [RunSpec(str(item["plan"]), item.get("batch"), item.get("prompt_len"), item.get("gen_len"))
+                for item in data]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise LiacError("--runs", f"'{path}' must be a JSON list of objects with 'plan' and optional 'batch', "
+                                  f"'prompt_len', 'gen_len' ({type(e).__name__}: {e})") from e
+    for run in runs:
+        for value in (run.batch, run.prompt_len, run.gen_len):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise LiacError("--runs", f"'{path}': batch, prompt_len and gen_len must be positive integers")
+    return runs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="run_plans.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("plans", nargs="*", help="plan files (one model)")
+    parser.add_argument("--runs", help="JSON list of {plan, batch?, prompt_len?, gen_len?} (after the plans)")
+    parser.add_argument("--seed", type=int, default=0, help="random weights seed (default 0)")
+    parser.add_argument("--out", help="results JSON, rewritten atomically after every run")
+    parser.add_argument("--batch", type=_positive, help="batch for every plan (default: its workload)")
+    parser.add_argument("--prompt-len", type=_positive, help="prompt tokens for every plan")
+    parser.add_argument("--gen-len", type=_positive, help="new tokens for every plan (per-token numbers)")
+    parser.add_argument("--max-seconds", type=float, help="skip runs estimated to take longer")
+    parser.add_argument("--profile-steps", type=int, default=2, help="decode steps of the profiling pass (0: none)")
+    parser.add_argument("--metrics-dir", help="also write each run's metrics (lia-run format) into this folder")
+    parser.add_argument("--emulate-gpu", action="store_true", help="test mode: 'gpu' runs on the CPU")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _import_liac()
+    from liac.errors import EXIT_USER_ERROR, LiacError
+
+    args = build_parser().parse_args(argv)
+    try:
+        runs = [RunSpec(p, args.batch, args.prompt_len, args.gen_len) for p in args.plans]
+        if args.runs:
+            runs += _read_runs(args.runs)
+        run_plans(runs, seed=args.seed, out=args.out, max_seconds=args.max_seconds,
+                  profile_steps=args.profile_steps, emulate_gpu=True if args.emulate_gpu else None,
+                  metrics_dir=args.metrics_dir)
+    except LiacError as e:
+        sys.stderr.write(f"run_plans: {e.line()}\n")
+        return EXIT_USER_ERROR
+    if args.out:
+        print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
