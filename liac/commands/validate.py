@@ -44,7 +44,8 @@ def _summary(path, checked: list[str]) -> str:
     if checked == [str(path)] and not str(path).endswith(("index.yaml", "sweeps.yaml")):
         return "valid plan"
     indexes = sum(c.endswith("index.yaml") for c in checked)
-    parts = [f"{len(checked) - indexes - sum(c.endswith('sweeps.yaml') for c in checked)} plans"]
+    plans = len(checked) - indexes - sum(c.endswith("sweeps.yaml") for c in checked)
+    parts = [f"{plans} plan{'s' if plans != 1 else ''}"]
     if indexes:
         parts.append("index.yaml" if indexes == 1 else f"{indexes} index.yaml")
     if any(c.endswith("sweeps.yaml") for c in checked):
