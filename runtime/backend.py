@@ -82,6 +82,10 @@ class Backend:
     def event(self):
         return _NullEvent()
 
+    def timing_event(self):
+        """An event that can time GPU work (profiling only: timing events cost more)."""
+        return _NullEvent()
+
     def synchronize(self) -> None:
         pass
 
@@ -168,6 +172,9 @@ class CudaBackend(Backend):
 
     def event(self):
         return torch.cuda.Event()
+
+    def timing_event(self):
+        return torch.cuda.Event(enable_timing=True)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.devices["gpu"])

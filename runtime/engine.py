@@ -77,7 +77,7 @@ def _first_gpu_sublayer(plan: OffloadPlan) -> str:
     for g_index, group in enumerate(plan.spec.layer_groups):
         for s_index, sub in enumerate(group.sublayers):
             for phase in ("prefill", "decode"):
-                if getattr(sub, phase) == "gpu":
+                if getattr(sub, phase) in ("gpu", "split"):
                     return f"spec.layer_groups[{g_index}].sublayers[{s_index}].{phase}"
     return "spec.layer_groups"
 
@@ -217,6 +217,7 @@ class Engine:
         if self.closed:
             return
         self.closed = True
+        self.executor.close()
         self.executor = self.store = self.memory = None  # type: ignore[assignment]
         gc.collect()  # the bound modules and closures form cycles; the arenas go with them
         self.backend.release_cached()
@@ -372,7 +373,7 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
     seen, out = set(), []
     for phase in schedule.phases.values():
         for op in phase.ops:
-            if op.device != "cpu" or op.weights not in ("ddr", "cxl") or op.kind == "embed":  # a lookup, no GEMV
+            if op.device not in ("cpu", "split") or op.weights not in ("ddr", "cxl") or op.kind == "embed":
                 continue
             for sublayer in op.sublayers:
                 for param in schedule.params[(op.layer_class, op.layer, sublayer)]:

@@ -9,9 +9,12 @@ and weight source share the bound copy. Each op becomes a closure; a pass is
     for step in program: step(frame)
 
 where `frame.vals[value][device]` holds the activations. The moves the schedule computed run at the start of an op,
-so tensors cross PCIe only where the plan changes device. A split sublayer (one GEMM's output features partly on
-the CPU from DDR, partly on the GPU) would be one more closure kind here that runs two bound halves, one in a worker
-thread, and concatenates: the schedule, binding and loop do not change.
+so tensors cross PCIe only where the plan changes device.
+
+A split op (plan v2: one unit's output features partly on the CPU from DDR, partly on the GPU from staging) binds
+two parts, each the unit's module over its rows of the projection (`_part`), and per join device the unit's
+epilogue (`_post`); its closure hands the CPU part to `CpuWorker`'s thread, launches the GPU part, waits, and joins
+the parts where the schedule says (docs/runtime.md, "Split sublayers").
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from liac.models import build_model
 from liac.models.config import ModelConfig
 from liac.models.layers import rope_inv_freq
 from liac.runtime.backend import Backend
-from liac.runtime.kernels import prepare_module
+from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
-from liac.runtime.schedule import MODULE_OF, Op, Schedule
+from liac.runtime.schedule import MODULE_OF, Op, Schedule, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor"]
+__all__ = ["Frame", "Executor", "CpuWorker"]
 
 
 class Frame:
@@ -44,6 +47,44 @@ class Frame:
         self.vals: dict[str, dict[str, torch.Tensor]] = {}
         self.pos: dict[str, torch.Tensor] = {}
         self.logits: torch.Tensor | None = None
+
+
+def _projected(part: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A split part of qkv / out_proj / fc2 / down / lm_head: its norm (if any) and its rows of the projection."""
+    norm = getattr(part, "norm", None)
+    return part.proj(norm(x) if norm is not None else x)
+
+
+def _activated(part: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A split part of fc1 / gate_up / lm_head: the whole module over its features (ReLU or silu(g)·u included)."""
+    return part(x)
+
+
+def _timed_call(fn, args):
+    began = time.perf_counter()
+    with torch.inference_mode():  # grad mode is per thread
+        out = fn(*args)
+    return out, time.perf_counter() - began
+
+
+class CpuWorker:
+    """One persistent thread for the CPU parts of split ops. torch ops release the GIL, so it computes while the
+    main thread launches the GPU part and then waits; it gets `threads` intra-op threads of its own (the main
+    thread mostly waits meanwhile)."""
+
+    def __init__(self, threads: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liac-cpu-part",
+                                       initializer=torch.set_num_threads, initargs=(threads,))
+
+    def submit(self, fn, *args):
+        """Run fn(*args) in the worker; `.result()` gives (output, seconds it took there)."""
+        return self.pool.submit(_timed_call, fn, args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 def _assign(module: nn.Module, local: str, tensor: torch.Tensor) -> None:
@@ -68,6 +109,9 @@ class Executor:
         self.devices = [d for d in ("cpu", "gpu") if backend.devices[d] is not None]
         positions = schedule.kv_shape[2] + 1
         self.arange = {d: torch.arange(positions, device=backend.devices[d]) for d in self.devices}
+        splits = any(op.split is not None for sched in schedule.phases.values() for op in sched.ops)
+        self.worker = CpuWorker(torch.get_num_threads()) if splits else None
+        self._part_seconds: list | None = None  # profiling: (cpu s, gpu start event, end event, launch s) per split
         self.programs = {}
         for phase, sched in schedule.phases.items():
             units = {u.index: u for u in sched.units}
@@ -75,8 +119,9 @@ class Executor:
         self.units = {phase: sched.units for phase, sched in schedule.phases.items()}
         embed = [op for op in schedule.phases["decode"].ops if op.kind == "embed"][0]
         self.decode_embed_device = "cpu" if embed.gather else embed.device  # where decode token ids go
-        self.head_device = {phase: [op for op in sched.ops if op.kind == "lm_head"][0].device
-                            for phase, sched in schedule.phases.items()}
+        heads = {phase: [op for op in sched.ops if op.kind == "lm_head"][0] for phase, sched in schedule.phases.items()}
+        self.head_device = {phase: op.split.merge_on[0] if op.split else op.device  # where the greedy token is
+                            for phase, op in heads.items()}
         del self.templates  # bound copies hold everything they need
 
     # -- binding ------------------------------------------------------------------------------------------------
@@ -88,9 +133,9 @@ class Executor:
     def _module(self, op: Op, unit) -> nn.Module:
         sublayer = op.sublayers[0]
         params = self.schedule.params[(op.layer_class, op.layer, sublayer)]
-        offsets = {param.canonical: offset for param, _, offset in unit.weights} if op.streamed else {}
+        pieces = {piece.param.canonical: piece for piece in unit.weights} if op.streamed else {}
         # A streamed module is tied to where its weights sit in the buffer, which differs between phases.
-        source = ("slot", unit.slot, tuple(offsets[p.canonical] for p in params)) if op.streamed \
+        source = ("slot", unit.slot, tuple(pieces[p.canonical].offset for p in params)) if op.streamed \
             else ("tier", op.weights)
         compute = "cpu" if op.gather else op.device  # a host-side gather runs the embedding on the host table
         key = (op.layer_class, op.layer, MODULE_OF[sublayer], compute, source)
@@ -99,7 +144,7 @@ class Executor:
         module = copy.deepcopy(self._template(op, sublayer))
         for param in params:
             if op.streamed:
-                tensor = self.streamer.view(unit.slot, offsets[param.canonical], param.shape)
+                tensor = self.streamer.view(unit.slot, pieces[param.canonical].offset, param.shape)
             else:
                 tensor = self.tensors(param.canonical, op.weights)
             _assign(module, param.local, tensor)
@@ -110,6 +155,57 @@ class Executor:
         self._bound[key] = module
         return module
 
+    def _part(self, op: Op, unit, device: str) -> nn.Module:
+        """The `device` part of a split op: the unit's module over its rows of the projection (norms whole).
+
+        The CPU part reads its rows in place in the weights' host tier (contiguous row ranges of the tensor; two
+        ranges for gate_up, gate and up); the GPU part reads its packed rows from the staging buffer. Neither
+        copies weights per token."""
+        sublayer, split = op.sublayers[0], op.split
+        params = self.schedule.params[(op.layer_class, op.layer, sublayer)]
+        pieces = {piece.param.canonical: piece for piece in unit.weights} if device == "gpu" else {}
+        source = ("slot", unit.slot, tuple(pieces[p.canonical].offset for p in params)) if device == "gpu" \
+            else ("tier", op.weights)
+        key = (op.layer_class, op.layer, MODULE_OF[sublayer], device, source, "part", split.cpu_features)
+        if key in self._bound:
+            return self._bound[key]
+        module = copy.deepcopy(self._template(op, sublayer))
+        blocks: dict[str, list[torch.Tensor]] = {}
+        for param in params:
+            if device == "gpu":
+                piece = pieces[param.canonical]
+                parts = [self.streamer.view(unit.slot, piece.offset, piece.shape)]
+            else:
+                host = self.tensors(param.canonical, op.weights)
+                parts = [host[first:first + count]
+                         for first, count in part_rows(sublayer, param, "cpu", split.cpu_features, split.features)]
+            if param.local.startswith("proj."):
+                blocks[param.local] = parts
+            else:
+                _assign(module, param.local, parts[0])
+        weights, biases = blocks["proj.weight"], blocks.get("proj.bias", [None] * len(blocks["proj.weight"]))
+        kernel = linear_kernel(device, self.cpu_linear)
+        module.proj = KernelLinear(weights[0], biases[0], kernel) if len(weights) == 1 \
+            else BlocksLinear(list(zip(weights, biases)), kernel)
+        if sublayer == "gate_up":  # silu(gate) · up over this part's features only
+            module.ffn_dim = weights[0].shape[0] if len(weights) > 1 else weights[0].shape[0] // 2
+        self._bound[key] = module.eval()
+        return self._bound[key]
+
+    def _post(self, op: Op, device: str) -> nn.Module | None:
+        """What a split op runs on a merge device after joining the parts, as the unit's own module with its norm
+        and projection taken out: qkv's heads and RoPE, the residual add of out_proj / fc2 / down. fc1, gate_up
+        and the LM head have none (their parts' outputs are already activated / logits)."""
+        if op.kind in ("up", "lm_head"):
+            return None
+        module = copy.deepcopy(self._template(op, op.sublayers[0]))
+        module.proj = nn.Identity()
+        if hasattr(module, "norm"):
+            module.norm = nn.Identity()
+        if getattr(module, "inv_freq", None) is not None:
+            module.inv_freq = rope_inv_freq(self.cfg, device=self.backend.devices[device])
+        return module.eval()
+
     # -- ops → closures -----------------------------------------------------------------------------------------
     def _compile(self, op: Op, unit):
         kind, dev, layer = op.kind, op.device, op.layer
@@ -118,8 +214,10 @@ class Executor:
             return lambda frame: streamer.wait(op.unit)
         if kind == "release":
             return lambda frame: streamer.release(op.unit)
-        module = self._module(op, unit)
         pre = tuple((m.value, m.src, m.dst) for m in op.moves if m.value != "next")
+        if op.split is not None:
+            return self._compile_split(op, unit, pre)
+        module = self._module(op, unit)
         post = tuple((m.value, m.src, m.dst) for m in op.moves if m.value == "next")
 
         def move(vals, moves):
@@ -193,6 +291,68 @@ class Executor:
             raise ValueError(f"unknown op kind '{kind}'")
         return step
 
+    def _compile_split(self, op: Op, unit, pre):
+        """A split op: the CPU part in the worker thread while the GPU part is launched, then on each merge device
+        the parts joined (the other device's part crosses PCIe) and the unit's epilogue run."""
+        kind, layer, split = op.kind, op.layer, op.split
+        cpu_part, gpu_part = self._part(op, unit, "cpu"), self._part(op, unit, "gpu")
+        posts = {device: self._post(op, device) for device in split.merge_on}
+        stage = _activated if kind in ("up", "lm_head") else _projected
+        source = {"qkv": "x", "out_proj": "o", "up": "x", "down": "h", "lm_head": "x"}[kind]
+        worker, transfer, kv, backend = self.worker, self.backend.transfer, self.kv, self.backend
+        merge_on, writer, crosses = split.merge_on, op.kv_writer, op.kv_write_crosses
+        executor = self
+
+        def move(vals):
+            for value, src, dst in pre:
+                vals[value][dst] = transfer(vals[value][src], dst, value)
+
+        def step(frame):
+            vals = frame.vals
+            move(vals)
+            x_cpu, x_gpu = vals[source]["cpu"], vals[source]["gpu"]
+            if kind == "lm_head":  # only the last position picks the next token
+                x_cpu, x_gpu = x_cpu[:, -1:], x_gpu[:, -1:]
+            pending = worker.submit(stage, cpu_part, x_cpu)
+            timed = executor._part_seconds  # a list only in the profiling pass
+            if timed is not None:
+                began, start = time.perf_counter(), backend.timing_event()
+                start.record()
+            y_gpu = stage(gpu_part, x_gpu)  # on CUDA: launched, runs while the CPU part computes
+            if timed is not None:
+                end = backend.timing_event()
+                end.record()
+                launched = time.perf_counter() - began
+            y_cpu, cpu_seconds = pending.result()
+            if timed is not None:
+                timed.append((cpu_seconds, start, end, launched))
+            out: dict[str, dict[str, torch.Tensor]] = {}
+            for device in merge_on:
+                merged = torch.cat((y_cpu if device == "cpu" else transfer(y_cpu, device, "merge"),
+                                    y_gpu if device == "gpu" else transfer(y_gpu, device, "merge")), dim=-1)
+                post = posts[device]
+                if kind == "qkv":
+                    for value, tensor in zip("qkv", post(merged, frame.pos[device])):
+                        out.setdefault(value, {})[device] = tensor
+                elif kind in ("out_proj", "down"):
+                    out.setdefault("x", {})[device] = post(merged, vals["x"][device])
+                elif kind == "up":
+                    out.setdefault("h", {})[device] = merged
+                else:
+                    logits = merged[:, -1]
+                    frame.logits = logits
+                    out.setdefault("next", {})[device] = logits.argmax(-1, keepdim=True)
+            vals.update(out)
+            if kind == "qkv":
+                kv.write(layer, out["k"][writer], out["v"][writer], frame.start, crosses)
+        return step
+
+    def close(self) -> None:
+        """Stop the worker thread (the engine is closing)."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
     # -- passes -------------------------------------------------------------------------------------------------
     def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None) -> Frame:
         """One pass: `ids` [B, Q] (prefill: host tensor; decode: on the decode embed device), positions from
@@ -211,10 +371,19 @@ class Executor:
         for op, step in self.programs[phase]:
             sync()
             begin = time.perf_counter()
+            if op.split is not None:
+                self._part_seconds = []
             step(frame)
             sync()
             key = (op.group, op.sublayers, phase, op.device) if op.sublayers else (op.group, (op.kind,), phase, "gpu")
             timings.setdefault(key, []).append(time.perf_counter() - begin)
+            if op.split is not None:
+                (cpu_seconds, start, end, launched), = self._part_seconds
+                self._part_seconds = None
+                # CUDA: the GPU part's own time from events; emulated: it ran synchronously in the launch
+                gpu_seconds = start.elapsed_time(end) / 1e3 if self.backend.name == "cuda" else launched
+                timings.setdefault(key[:3] + ("split:cpu",), []).append(cpu_seconds)
+                timings.setdefault(key[:3] + ("split:gpu",), []).append(gpu_seconds)
         return frame
 
     def prime_decode(self, batch: int, start: int) -> None:

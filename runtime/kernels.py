@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "bind_kernels", "prepare_module", "cpu_backend",
-           "ipex_module", "measure_cpu_linear", "choose_cpu_linear"]
+__all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "BlocksLinear", "bind_kernels", "prepare_module", "cpu_backend",
+           "ipex_module", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel"]
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -112,6 +112,19 @@ class KernelLinear(nn.Module):
         return self.kernel(x, self.weight, self.bias)
 
 
+class BlocksLinear(nn.Module):
+    """A projection over several row blocks of one weight, read in place (a split gate_up's CPU part: its gate
+    rows and its up rows): one kernel call per block, outputs concatenated (activations only, never weights)."""
+
+    def __init__(self, blocks: list[tuple[torch.Tensor, torch.Tensor | None]], kernel: Callable[..., torch.Tensor]):
+        super().__init__()
+        self.blocks = blocks
+        self.kernel = kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.kernel(x, weight, bias) for weight, bias in self.blocks], dim=-1)
+
+
 def bind_kernels(module: nn.Module, device: str, kernel: Callable[..., torch.Tensor] | None = None) -> nn.Module:
     """Replace every nn.Linear inside `module` (in place) by a KernelLinear with `kernel`, by default the table's
     kernel for `device`."""
@@ -143,6 +156,13 @@ def cpu_backend() -> str:
     return "ipex" if ipex_module() is not None else "torch"
 
 
+def linear_kernel(device: str, cpu_linear: str | None = None) -> Callable[..., torch.Tensor]:
+    """The projection kernel of a plan device: the table's, or on the CPU torch.mv when the engine chose it."""
+    if device == "cpu" and cpu_linear == "mv":
+        return CPU_LINEAR["mv"]
+    return KERNELS[("linear", device)]
+
+
 def prepare_module(module: nn.Module, device: str, dtype: torch.dtype, cpu_linear: str | None = None) -> nn.Module:
     """Make a bound sublayer module run on `device`'s kernels: IPEX for CPU modules when usable, else KERNELS (or,
     on the CPU, the engine's `cpu_linear` choice from CPU_LINEAR)."""
@@ -150,6 +170,4 @@ def prepare_module(module: nn.Module, device: str, dtype: torch.dtype, cpu_linea
         ipex = ipex_module()
         if ipex is not None:
             return ipex.optimize(module.eval(), dtype=dtype, inplace=True, weights_prepack=False)
-        if cpu_linear is not None:
-            return bind_kernels(module, device, CPU_LINEAR[cpu_linear])
-    return bind_kernels(module, device)
+    return bind_kernels(module, device, linear_kernel(device, cpu_linear))

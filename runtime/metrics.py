@@ -38,7 +38,13 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
     predicted = plan.status.predicted  # reporting only
     table = _predicted_sublayers(plan)
     sublayers = []
+    part_seconds = {key[:3]: {} for key in sublayer_seconds if key[3].startswith("split:")}
+    for key, seconds in sublayer_seconds.items():
+        if key[3].startswith("split:"):  # a split op's CPU / GPU part, measured inside its row's time
+            part_seconds[key[:3]][key[3][len("split:"):]] = seconds
     for (group, names, phase, device), seconds in sublayer_seconds.items():  # execution order, prefill first
+        if device.startswith("split:"):
+            continue
         parts = [table.get((group, name, phase)) for name in names]
         known = [p for p in parts if p is not None]
         row = {"group": group, "sublayers": list(names), "phase": phase, "device": device,
@@ -48,6 +54,9 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
             compute, transfer, stream = (sum(p[i] for p in known) for i in range(3))
             row.update(predicted_ms=_ms(compute + transfer), predicted_compute_ms=_ms(compute),
                        predicted_transfer_ms=_ms(transfer), predicted_stream_ms=_ms(stream))
+        if device == "split":
+            split = part_seconds.get((group, names, phase), {})
+            row.update(measured_cpu_part_ms=_ms(split.get("cpu")), measured_gpu_part_ms=_ms(split.get("gpu")))
         sublayers.append(row)
     transfers = engine.backend.transfers
     memory = [{"tier": tier, **{k: v for k, v in values.items()}}

@@ -10,6 +10,9 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
               and how attention reads it: the fresh K/V (prefill), the cache in place, or a streamed window
   * streaming units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
               is copied into staging buffer i mod (prefetch_depth + 1), bracketed by 'wait' / 'release' ops
+  * splits    (plan v2) a unit split by output features runs its CPU part from the weights' host tier and its
+              GPU part from staging (only its rows [r, N) are streamed); a backward pass over the phase finds
+              where later ops read its output, and the parts are joined there (and only there)
   * bytes     per tier, for the host checks and the arenas (runtime/memory.py), before anything is allocated
 
 Values: 'ids' tokens, 'x' residual stream, 'q' 'k' 'v' from qkv, 'p' attention probabilities, 'o' attention
@@ -26,8 +29,8 @@ from liac.models.config import ModelConfig
 from liac.plan import OffloadPlan
 from liac.runtime.memory import HOME, aligned
 
-__all__ = ["PHASES", "Move", "Op", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo", "build_schedule",
-           "MODULE_OF", "model_params"]
+__all__ = ["PHASES", "Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo", "build_schedule",
+           "MODULE_OF", "model_params", "part_rows"]
 
 PHASES = ("prefill", "decode")
 
@@ -69,10 +72,12 @@ class Op:
 
     kind: 'embed', 'qkv', 'attn' (fused score + context), 'score', 'context', 'out_proj', 'up', 'down',
         'lm_head', or 'wait' / 'release' (streaming unit `unit`).
+    device: 'cpu', 'gpu', or 'split' (then `split` says how; its GPU part streams its rows when `streamed`).
     sublayers: plan sublayer names it covers (for metrics).
     weights: the tier of its weights ('none' for attention), `streamed` when it reads them from staging.
     kv_read: attention ops: 'fresh' (this step's K/V), 'cache' (in place) or 'window' (streamed to the GPU).
-    kv_write_crosses: qkv ops: the cache lives on the other device.
+    kv_write_crosses: qkv ops: the cache lives on the other device than `kv_writer`, the device whose K/V are
+        written (the op's device; for a split qkv, the cache's side if the parts join there).
     gather: an embedding on the GPU whose table is in a host tier: the B×Q looked-up rows are gathered on the host
         and sent (what the cost model streams for an embedding), never the whole table.
     """
@@ -90,7 +95,42 @@ class Op:
     kv_tier: str = "none"
     kv_read: str = ""
     kv_write_crosses: bool = False
+    kv_writer: str = ""
     gather: bool = False
+    split: Split | None = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """A unit split by output features: the CPU computes features [0, cpu_features) of each logical output from the
+    weights' host tier, the GPU the other `features - cpu_features` from streamed weights; the parts are joined
+    (and the unit's epilogue runs: heads and RoPE, the residual add) on every device in `merge_on`."""
+
+    cpu_features: int
+    features: int
+    merge_on: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One parameter (or, for a split unit's GPU part, its row blocks) in a staging buffer: the blocks are packed
+    one after another at `offset`, so the staged tensor is contiguous."""
+
+    param: ParamInfo
+    tier: str
+    offset: int
+    rows: tuple[tuple[int, int], ...]  # (first row, count) of the host tensor, in staging order
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(count for _, count in self.rows),) + tuple(self.param.shape[1:])
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
 
 
 @dataclass(frozen=True)
@@ -101,7 +141,7 @@ class StreamUnit:
     slot: int
     layer_class: str
     layer: int
-    weights: tuple[tuple[ParamInfo, str, int], ...]  # (parameter, host tier, byte offset)
+    weights: tuple[Piece, ...]
     kv: tuple[tuple[str, int], ...] = ()              # ('k' | 'v', byte offset of the [B, G, C, E] window)
     nbytes: int = 0                                   # exact payload (no alignment padding)
     padded_bytes: int = 0
@@ -130,7 +170,7 @@ class Schedule:
 
     @property
     def uses_gpu(self) -> bool:
-        return any(op.device == "gpu" for phase in self.phases.values() for op in phase.ops)
+        return any(op.device in ("gpu", "split") for phase in self.phases.values() for op in phase.ops)
 
 
 def model_params(cfg: ModelConfig) -> dict[tuple[str, int, str], tuple[ParamInfo, ...]]:
@@ -172,94 +212,208 @@ class _Flow:
             have.append(device)
 
 
+@dataclass
+class _Spec:
+    """An op while the phase is being built (mutable): its values, its device(s), and for a split where it merges."""
+
+    kind: str
+    group: object
+    layer: int
+    sublayers: tuple[str, ...]
+    device: str                            # 'cpu', 'gpu' or 'split'
+    gemm_in: str = ""                      # the value its projection reads (on both devices when split)
+    residual: str = ""                     # the residual stream it adds to (on its merge devices when split)
+    needs: tuple[str, ...] = ()            # other inputs (attention)
+    produces: tuple[str, ...] = ()
+    cpu_features: int = 0                  # split: features [0, r) of each logical output on the CPU
+    features: int = 0                      # split: N
+    merge_on: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(v for v in (self.gemm_in, self.residual) if v) + self.needs
+
+
+def _placement(sub, phase: str) -> tuple[str, int]:
+    """(device, CPU permille) of a unit in a phase; v1 placements (no permille fields) are whole."""
+    device = getattr(sub, phase)
+    return device, int(getattr(sub, f"{phase}_cpu_permille", 1000 if device == "cpu" else 0))
+
+
+def _features(unit: str, params: tuple[ParamInfo, ...]) -> int:
+    """N, the unit's logical output features (gate_up: F, its activated output; its projection has 2F rows)."""
+    rows = next(p.shape[0] for p in params if p.local == "proj.weight")
+    return rows // 2 if unit == "gate_up" else rows
+
+
+def part_rows(unit: str, param: ParamInfo, device: str, cpu_features: int, features: int
+              ) -> tuple[tuple[int, int], ...]:
+    """Row blocks (first, count) of `param` that the `device` part of a split unit reads: norms whole; the
+    projection's rows [0, r) on the CPU and [r, N) on the GPU, for gate_up in both its gate and its up half."""
+    if not param.local.startswith("proj."):
+        return ((0, param.shape[0]),)
+    r, n = cpu_features, features
+    halves = (0, n) if unit == "gate_up" else (0,)
+    if device == "cpu":
+        return tuple((h, r) for h in halves)
+    return tuple((h + r, n - r) for h in halves)
+
+
+def _layer_specs(plan, cfg, phase, params, group, layer, decode_embed_device) -> list[_Spec]:
+    """One layer's ops with devices and values (no moves yet)."""
+    placement = {s.name: _placement(s, phase) for s in group.sublayers}
+    key = group.layer_class
+
+    def spec(kind, unit, **kw) -> _Spec:
+        device, permille = placement[unit]
+        out = _Spec(kind, group, layer, (unit,), device, **kw)
+        if device == "split":
+            out.features = _features(unit, params[(key, layer, unit)])
+            out.cpu_features = out.features * permille // 1000
+            if out.cpu_features == 0:  # the CPU's share rounds to no feature: the GPU alone computes the same
+                out.device = "gpu"
+        return out
+
+    if key == "embed":
+        if _gathers(group, phase):
+            return [_Spec("embed", group, layer, ("embed",), "gpu", needs=("ids",), produces=("x",),
+                          extra={"gather": True})]
+        return [spec("embed", "embed", needs=("ids",), produces=("x",))]
+    if key == "head":
+        head = spec("lm_head", "lm_head", gemm_in="x", produces=("next",))
+        if head.device == "split":  # the logits join where the next step embeds the greedy token
+            head.merge_on = (decode_embed_device,)
+        return [head]
+    names = SUBLAYERS[cfg.family]
+    home = HOME[group.kv_cache]
+    dev = {kind: placement[n][0] for kind, n in zip(_KINDS, names)}
+    read = {}
+    for kind in ("score", "context"):
+        if phase == "prefill":
+            read[kind] = "fresh"
+        elif dev[kind] == home:
+            read[kind] = "cache"
+        elif dev[kind] == "gpu":
+            read[kind] = "window"
+        else:  # check_semantics refuses CPU decode attention over an 'hbm' cache
+            raise ValueError(f"group '{group.name}': decode {kind} on the CPU over an 'hbm' cache")
+    kv_needs = {"score": ("k",), "context": ("v",)}
+
+    def attn_needs(kind, first):
+        fresh = kv_needs[kind] if read[kind] in ("fresh", "window") else ()
+        return (first,) + fresh
+
+    specs = [spec("qkv", names[0], gemm_in="x", produces=("q", "k", "v"))]
+    if dev["score"] == dev["context"]:
+        needs = attn_needs("score", "q") + attn_needs("context", "q")[1:]
+        specs.append(_Spec("attn", group, layer, names[1:3], dev["score"], needs=needs, produces=("o",),
+                           extra={"kv_read": read["score"]}))
+    else:
+        specs.append(_Spec("score", group, layer, (names[1],), dev["score"], needs=attn_needs("score", "q"),
+                           produces=("p",), extra={"kv_read": read["score"]}))
+        specs.append(_Spec("context", group, layer, (names[2],), dev["context"],
+                           needs=attn_needs("context", "p"), produces=("o",), extra={"kv_read": read["context"]}))
+    specs.append(spec("out_proj", names[3], gemm_in="o", residual="x", produces=("x",)))
+    specs.append(spec("up", names[4], gemm_in="x", produces=("h",)))
+    specs.append(spec("down", names[5], gemm_in="h", residual="x", produces=("x",)))
+    return specs
+
+
+def _parts(spec: _Spec) -> tuple[str, ...]:
+    return ("cpu", "gpu") if spec.device == "split" else (spec.device,)
+
+
+def _merge_devices(specs: list[_Spec]) -> None:
+    """Backward over the phase: a split op joins its parts on every device a later op reads its output on (its
+    projection input on both devices of a split consumer; a residual where that consumer joins)."""
+    needed: dict[str, set[str]] = {}
+    for spec in reversed(specs):
+        if spec.device == "split" and not spec.merge_on:
+            readers = set().union(*(needed.get(value, set()) for value in spec.produces))
+            spec.merge_on = tuple(sorted(readers)) or ("gpu",)
+        for value in spec.produces:
+            needed[value] = set()
+        if spec.gemm_in:
+            needed.setdefault(spec.gemm_in, set()).update(_parts(spec))
+        if spec.residual:
+            needed.setdefault(spec.residual, set()).update(spec.merge_on or _parts(spec))
+        for value in spec.needs:
+            needed.setdefault(value, set()).update(("cpu",) if spec.extra.get("gather") else _parts(spec))
+
+
 def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, kv_window_bytes: int,
            itemsize: int, decode_embed_device: str) -> PhaseSchedule:
+    layers = []  # (group, layer, specs)
+    for group in plan.spec.layer_groups:
+        for layer in range(group.first_layer, group.first_layer + group.layer_count):
+            layers.append((group, layer, _layer_specs(plan, cfg, phase, params, group, layer,
+                                                      decode_embed_device)))
+    _merge_devices([spec for _, _, specs in layers for spec in specs])
+
     ops: list[Op] = []
     units: list[StreamUnit] = []
     flow = _Flow()
     flow.produce("ids", "cpu" if phase == "prefill" else decode_embed_device)
-    for group in plan.spec.layer_groups:
-        devices = {s.name: getattr(s, phase) for s in group.sublayers}
+    for group, layer, specs in layers:
+        key = (group.layer_class, layer)
         tiers = {s.name: s.weights for s in group.sublayers}
-        for layer in range(group.first_layer, group.first_layer + group.layer_count):
-            key = (group.layer_class, layer)
-            streamed_params = []
-            kv_stream: list[str] = []
-            layer_ops: list[Op] = []
-
-            def op(kind, sublayers, device, needs=(), produces=(), **extra):
-                moves: list[Move] = []
-                for value in needs:
-                    flow.need(value, device, moves)
-                for value in produces:
-                    flow.produce(value, device)
-                weights = tiers[sublayers[0]]
-                streamed = device == "gpu" and weights in ("ddr", "cxl")
-                if streamed:
-                    for sub in sublayers:
-                        streamed_params.extend((p, weights) for p in params[(group.layer_class, layer, sub)])
-                layer_ops.append(Op(kind, group.name, group.layer_class, layer, device, tuple(sublayers), weights,
-                                    streamed, moves=tuple(moves), kv_tier=group.kv_cache, **extra))
-
-            if group.layer_class == "embed" and _gathers(group, phase):
-                moves: list[Move] = []
-                flow.need("ids", "cpu", moves)
-                flow.produce("x", "gpu")
-                layer_ops.append(Op("embed", group.name, "embed", layer, "gpu", ("embed",), tiers["embed"],
-                                    moves=tuple(moves), gather=True))
-            elif group.layer_class == "embed":
-                op("embed", ("embed",), devices["embed"], needs=("ids",), produces=("x",))
-            elif group.layer_class == "head":
-                dev = devices["lm_head"]
-                op("lm_head", ("lm_head",), dev, needs=("x",), produces=("next",))
-                if decode_embed_device != dev:  # the greedy token goes where the next step embeds it
-                    layer_ops[-1] = _with_moves(layer_ops[-1], (Move("next", dev, decode_embed_device),))
+        streamed: list[tuple[ParamInfo, str, tuple[tuple[int, int], ...]]] = []
+        kv_stream: list[str] = []  # GPU attention over a host-tier cache reads a window of it from staging
+        for spec in specs:
+            if spec.extra.get("kv_read") == "window":
+                kv_stream += {"attn": ["k", "v"], "score": ["k"], "context": ["v"]}[spec.kind]
+        layer_ops: list[Op] = []
+        for spec in specs:
+            moves: list[Move] = []
+            gather = spec.extra.get("gather", False)
+            if spec.device == "split":
+                for device in ("cpu", "gpu"):
+                    flow.need(spec.gemm_in, device, moves)
+                for device in spec.merge_on:
+                    if spec.residual:
+                        flow.need(spec.residual, device, moves)
+                targets = spec.merge_on
             else:
-                names = SUBLAYERS[cfg.family]
-                dev = dict(zip(_KINDS, (devices[n] for n in names)))
+                for value in spec.inputs():
+                    flow.need(value, "cpu" if gather else spec.device, moves)
+                targets = (spec.device,)
+            for value in spec.produces:
+                flow.produce(value, targets[0])
+                flow.where[value].extend(targets[1:])
+            weights = tiers[spec.sublayers[0]]
+            host_weights = weights in ("ddr", "cxl") and not gather
+            split = None
+            if spec.device == "split":
+                split = Split(spec.cpu_features, spec.features, spec.merge_on)
+                streamed.extend((p, weights, part_rows(spec.sublayers[0], p, "gpu", spec.cpu_features,
+                                                       spec.features))
+                                for p in params[(group.layer_class, layer, spec.sublayers[0])])
+            elif spec.device == "gpu" and host_weights:
+                for sub in spec.sublayers:
+                    streamed.extend((p, weights, ((0, p.shape[0]),)) for p in params[(group.layer_class, layer, sub)])
+            kv_writer = ""
+            if spec.kind == "qkv":
                 home = HOME[group.kv_cache]
-                op("qkv", (names[0],), dev["qkv"], needs=("x",), produces=("q", "k", "v"),
-                   kv_write_crosses=home != dev["qkv"])
-                read = {}
-                for kind in ("score", "context"):
-                    if phase == "prefill":
-                        read[kind] = "fresh"
-                    elif dev[kind] == home:
-                        read[kind] = "cache"
-                    elif dev[kind] == "gpu":
-                        read[kind] = "window"
-                    else:  # check_semantics refuses CPU decode attention over an 'hbm' cache
-                        raise ValueError(f"group '{group.name}': decode {kind} on the CPU over an 'hbm' cache")
-                kv_needs = {"score": ("k",), "context": ("v",)}
-                for kind in ("score", "context"):
-                    if read[kind] == "window":
-                        kv_stream.extend(kv_needs[kind])
-
-                def attn_needs(kind, first):
-                    fresh = kv_needs[kind] if read[kind] in ("fresh", "window") else ()
-                    return (first,) + fresh
-
-                if dev["score"] == dev["context"]:
-                    needs = attn_needs("score", "q") + attn_needs("context", "q")[1:]
-                    op("attn", names[1:3], dev["score"], needs=needs, produces=("o",), kv_read=read["score"])
-                else:
-                    op("score", (names[1],), dev["score"], needs=attn_needs("score", "q"), produces=("p",),
-                       kv_read=read["score"])
-                    op("context", (names[2],), dev["context"], needs=attn_needs("context", "p"), produces=("o",),
-                       kv_read=read["context"])
-                op("out_proj", (names[3],), dev["out_proj"], needs=("o", "x"), produces=("x",))
-                op("up", (names[4],), dev["up"], needs=("x",), produces=("h",))
-                op("down", (names[5],), dev["down"], needs=("h", "x"), produces=("x",))
-            if streamed_params or kv_stream:
-                unit = _unit(len(units), nbuf, key, streamed_params, kv_stream, kv_window_bytes, itemsize)
-                units.append(unit)
-                layer_ops = [_with_unit(o, unit.index) if o.streamed or o.kv_read == "window" else o
-                             for o in layer_ops]
-                ops.append(Op("wait", group.name, key[0], key[1], "gpu", unit=unit.index))
-                ops.extend(layer_ops)
-                ops.append(Op("release", group.name, key[0], key[1], "gpu", unit=unit.index))
-            else:
-                ops.extend(layer_ops)
+                kv_writer = home if home in targets else targets[0]
+            device = "gpu" if gather else spec.device
+            op = Op(spec.kind, group.name, group.layer_class, layer, device, spec.sublayers, weights,
+                    streamed=(spec.device in ("gpu", "split") and host_weights), moves=tuple(moves),
+                    kv_tier=group.kv_cache, kv_read=spec.extra.get("kv_read", ""),
+                    kv_write_crosses=bool(kv_writer) and kv_writer != HOME[group.kv_cache], kv_writer=kv_writer,
+                    gather=gather, split=split)
+            if spec.kind == "lm_head" and spec.device != "split" and decode_embed_device != spec.device:
+                op = _with_moves(op, (Move("next", spec.device, decode_embed_device),))  # to the next embedding
+            layer_ops.append(op)
+        if streamed or kv_stream:
+            unit = _unit(len(units), nbuf, key, streamed, kv_stream, kv_window_bytes, itemsize)
+            units.append(unit)
+            layer_ops = [_with_unit(o, unit.index) if o.streamed or o.kv_read == "window" else o
+                         for o in layer_ops]
+            ops.append(Op("wait", group.name, key[0], key[1], "gpu", unit=unit.index))
+            ops.extend(layer_ops)
+            ops.append(Op("release", group.name, key[0], key[1], "gpu", unit=unit.index))
+        else:
+            ops.extend(layer_ops)
     return PhaseSchedule(phase, tuple(ops), tuple(units))
 
 
@@ -276,16 +430,17 @@ def _with_unit(op: Op, unit: int) -> Op:
     return replace(op, unit=unit)
 
 
-def _unit(index, nbuf, key, streamed_params, kv_stream, kv_window_bytes, itemsize) -> StreamUnit:
+def _unit(index, nbuf, key, streamed, kv_stream, kv_window_bytes, itemsize) -> StreamUnit:
     offset, exact, placed = 0, 0, []
     seen = set()
-    for param, tier in streamed_params:
+    for param, tier, rows in streamed:
         if param.canonical in seen:
             continue
         seen.add(param.canonical)
-        placed.append((param, tier, offset))
-        exact += param.numel * itemsize
-        offset += aligned(param.numel * itemsize)
+        piece = Piece(param, tier, offset, rows)
+        placed.append(piece)
+        exact += piece.numel * itemsize
+        offset += aligned(piece.numel * itemsize)
     kv = []
     for which in kv_stream:
         kv.append((which, offset))

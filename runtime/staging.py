@@ -64,6 +64,21 @@ class Streamer:
         offset = dict(unit.kv)[which]
         return self.view(unit.slot, offset, self.kv.shape)
 
+    def _copy_list(self, unit: StreamUnit, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(staging view, host rows, bytes) per row block: a whole parameter is one block; a split unit's GPU part
+        packs its blocks (for gate_up: gate rows, then up rows) one after another, so its staged weight is one
+        contiguous tensor."""
+        out = []
+        for piece in unit.weights:
+            staged = self.view(slot, piece.offset, piece.shape)
+            host = self.host_tensor(piece.param.canonical, piece.tier)
+            row = 0
+            for first, count in piece.rows:
+                src = host[first:first + count]
+                out.append((staged[row:row + count], src, src.numel() * src.element_size()))
+                row += count
+        return out
+
     # -- the protocol -------------------------------------------------------------------------------------------
     def start(self, units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
         """Begin a pass over `units` whose attention sees `past` cached tokens; issue what is not yet in flight."""
@@ -116,10 +131,7 @@ class Streamer:
                 self.released[slot].wait(self.stream)
             copies = self._copies.get(id(unit))
             if copies is None:
-                copies = self._copies[id(unit)] = [
-                    (self.view(slot, offset, param.shape), src, src.numel() * src.element_size())
-                    for param, tier, offset in unit.weights
-                    for src in (self.host_tensor(param.canonical, tier),)]
+                copies = self._copies[id(unit)] = self._copy_list(unit, slot)
             for dst, src, nbytes in copies:
                 dst.copy_(src, non_blocking=True)
                 backend.transfers.count(nbytes, True, "stream")

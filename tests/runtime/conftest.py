@@ -9,7 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # runtime_plans.py sits beside the tests
 
-from runtime_plans import FAMILIES, save_hf_checkpoint  # noqa: E402
+import torch  # noqa: E402
+from runtime_plans import FAMILIES, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class, save_hf_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +27,22 @@ def checkpoints(tmp_path_factory):
 
     return get
 
+
+
+@pytest.fixture(scope="session")
+def reference(checkpoints):
+    """family → (HF fp32 model, HF bf16 model, greedy tokens, their logits) for PROMPT, computed once per family.
+
+    HF's own forward pass over the whole sequence at every step (no KV cache): it shares nothing with the
+    runtime's incremental decode."""
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            directory, _ = checkpoints(family)
+            fp32 = hf_model_class(family).from_pretrained(directory, dtype=torch.float32).eval()
+            bf16 = hf_model_class(family).from_pretrained(directory, dtype=torch.bfloat16).eval()
+            cache[family] = (fp32, bf16, *hf_greedy(fp32, PROMPT, NEW_TOKENS))
+        return cache[family]
+
+    return get

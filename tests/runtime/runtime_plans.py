@@ -12,12 +12,17 @@ HBM):
                context, out_proj, fc2 on the CPU), weights streamed from DDR, the embedding on the GPU over a DDR
                table (rows gathered on the host), the LM head streamed to the GPU; with `cxl_layers` the last
                layers form a third group in the 'cxl' tier
+    'split'    (plan v2) every weight GEMM unit and the LM head split by output features in both phases, the CPU
+               taking `permille` of them (an int, or unit → int); weights in DDR, GPU parts streamed; attention
+               on the GPU at prefill and on the CPU at decode (KV in DDR), or on the GPU in both phases
+               (`split_attention='gpu'`: the decode KV window is streamed); the embedding gathers on the host
 `spec.memory` and `spec.execution` are filled from closed-form byte counts (parameter numels, the KV formula), an
 upper bound of what the runtime allocates; `status` carries made-up but valid predictions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -25,12 +30,12 @@ import torch
 
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig, from_hf_config
-from liac.plan import (Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
+from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
                        PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
                        Workload)
 
-__all__ = ["FAMILIES", "POLICIES", "BACKENDS", "make_test_backend", "hf_config", "save_hf_checkpoint", "make_plan",
-           "hf_model_class"]
+__all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "make_test_backend", "hf_config",
+           "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close", "placement"]
 
 # The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
 BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
@@ -60,6 +65,38 @@ def hf_config(family: str, layers: int = 3):
                                     rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False, **common)
 
 
+# The prompt and length of the parity tests (test_parity.py, test_split.py) against HF's greedy tokens.
+NEW_TOKENS = 16
+PROMPT = torch.randint(0, 112, (2, 8), generator=torch.Generator().manual_seed(7))
+
+
+def hf_greedy(model, ids: torch.Tensor, new_tokens: int):
+    """Greedy decoding by full recomputation: tokens [B, n], logits [B, n, V] (float32)."""
+    sequence, tokens, logits = ids, [], []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            last = model(sequence).logits[:, -1].float()
+            nxt = last.argmax(-1, keepdim=True)
+            tokens.append(nxt)
+            logits.append(last)
+            sequence = torch.cat([sequence, nxt], dim=1)
+    return torch.cat(tokens, dim=1), torch.stack(logits, dim=1)
+
+
+def assert_bf16_logits_close(out, fp32, bf16) -> None:
+    """The runtime's bf16 logits, teacher-forced on the tokens it generated, must be as close to HF's fp32 logits as
+    HF's own bf16 run is (plus a margin), and within 5 % of the logit range."""
+    sequence = torch.cat([PROMPT, out.token_ids], dim=1)
+    positions = slice(PROMPT.shape[1] - 1, -1)  # the logits each generated token was picked from
+    with torch.no_grad():
+        truth = fp32(sequence).logits[:, positions].float()
+        hf_bf16 = bf16(sequence).logits[:, positions].float()
+    ours_error = (out.logits - truth).abs().max().item()
+    hf_error = (hf_bf16 - truth).abs().max().item()
+    assert ours_error <= 1.5 * hf_error + 0.02, (ours_error, hf_error)
+    assert ours_error <= 0.05 * truth.abs().max().item()
+
+
 def hf_model_class(family: str):
     import transformers
 
@@ -78,12 +115,42 @@ def save_hf_checkpoint(family: str, directory, seed: int = 0, layers: int = 3,
     return from_hf_config(data, name=directory.name)
 
 
-def _units(names, prefill, decode, tier):
+def _v2() -> bool:
+    return "prefill_cpu_permille" in {f.name for f in dataclasses.fields(SublayerPlacement)}
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitPlacement(SublayerPlacement):
+    """Plan v2's permille fields, for building split plans while liac.plan is still v1 (never dumped)."""
+
+    prefill_cpu_permille: int = 0
+    decode_cpu_permille: int = 0
+
+
+def placement(name: str, prefill: str, decode: str, tier: str, prefill_permille: int | None = None,
+              decode_permille: int | None = None) -> SublayerPlacement:
+    """A SublayerPlacement; permille defaults to 1000 on the CPU and 0 on the GPU (the v1 meaning)."""
+    whole = {"cpu": 1000, "gpu": 0}
+    fields = {"prefill_cpu_permille": whole.get(prefill, prefill_permille) if prefill_permille is None
+              else prefill_permille,
+              "decode_cpu_permille": whole.get(decode, decode_permille) if decode_permille is None
+              else decode_permille}
+    if _v2():
+        return SublayerPlacement(name, prefill, decode, tier, **fields)
+    if "split" in (prefill, decode):
+        return _SplitPlacement(name, prefill, decode, tier, **fields)
+    return SublayerPlacement(name, prefill, decode, tier)
+
+
+def _units(names, prefill, decode, tier, permille=None):
     if isinstance(prefill, str):
         prefill = {n: prefill for n in names}
     if isinstance(decode, str):
         decode = {n: decode for n in names}
-    return tuple(SublayerPlacement(n, prefill[n], decode[n], "none" if n in _NO_WEIGHTS else tier) for n in names)
+    permille = permille or {}
+    return tuple(placement(n, prefill[n], decode[n], "none" if n in _NO_WEIGHTS else tier,
+                           permille.get(n) if prefill[n] == "split" else None,
+                           permille.get(n) if decode[n] == "split" else None) for n in names)
 
 
 def _placements(cfg: ModelConfig, policy: str):
@@ -99,6 +166,10 @@ def _placements(cfg: ModelConfig, policy: str):
     if policy == "mixed":
         decode = {qkv: "gpu", score: "gpu", context: "cpu", out_proj: "cpu", up: "gpu", down: "cpu"}
         return "gpu", decode, ("gpu", "gpu"), ("gpu", "gpu")
+    if policy == "split":
+        gemms = {n: "split" for n in (qkv, out_proj, up, down)}
+        return ({**gemms, score: "gpu", context: "gpu"}, {**gemms, score: "cpu", context: "cpu"}, ("gpu", "gpu"),
+                ("split", "split"))
     raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
@@ -116,27 +187,31 @@ def _param_numels(cfg: ModelConfig) -> dict[str, int]:
 
 def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None = None, kv_tier: str | None = None,
               resident_layers: int = 0, cxl_layers: int = 0, batch: int = 2, prompt_len: int = 8, gen_len: int = 20,
-              prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None
-              ) -> OffloadPlan:
+              prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None,
+              permille: int | dict[str, int] = 500, split_attention: str = "cpu") -> OffloadPlan:
     """A valid plan for `cfg` (see the module docstring)."""
     names = SUBLAYERS[cfg.family]
     prefill, decode, embed_dev, head_dev = _placements(cfg, policy)
-    on_cpu = policy in ("cpu", "partial", "mixed")
-    weights_tier = weights_tier or ("ddr" if policy in ("cpu", "mixed") else "hbm")
+    if policy == "split" and split_attention == "gpu":
+        decode = {**decode, names[1]: "gpu", names[2]: "gpu"}
+    if isinstance(permille, int):
+        permille = {n: permille for n in names + ("lm_head",)}
+    on_cpu = policy in ("cpu", "partial", "mixed", "split")
+    weights_tier = weights_tier or ("ddr" if policy in ("cpu", "mixed", "split") else "hbm")
     kv_tier = kv_tier or ("ddr" if on_cpu else "hbm")
-    host_embed = "ddr" if "cpu" in embed_dev or policy == "mixed" else "hbm"
-    host_head = "ddr" if "cpu" in head_dev or policy == "mixed" else "hbm"
+    host_embed = "ddr" if "cpu" in embed_dev or policy in ("mixed", "split") else "hbm"
+    host_head = "ddr" if "cpu" in head_dev or policy in ("mixed", "split") else "hbm"
     groups = [LayerGroup("embed", "embed", 0, 1, "none", _units(("embed",), *embed_dev, host_embed))]
     offloaded = cfg.num_layers - resident_layers - cxl_layers
     if resident_layers:
         groups.append(LayerGroup("resident", "decoder", 0, resident_layers, "hbm", _units(names, "gpu", "gpu", "hbm")))
     if offloaded:
         groups.append(LayerGroup("offload", "decoder", resident_layers, offloaded, kv_tier,
-                                 _units(names, prefill, decode, weights_tier)))
+                                 _units(names, prefill, decode, weights_tier, permille)))
     if cxl_layers:
         groups.append(LayerGroup("cxl", "decoder", cfg.num_layers - cxl_layers, cxl_layers, "cxl",
-                                 _units(names, prefill, decode, "cxl")))
-    groups.append(LayerGroup("head", "head", 0, 1, "none", _units(("lm_head",), *head_dev, host_head)))
+                                 _units(names, prefill, decode, "cxl", permille)))
+    groups.append(LayerGroup("head", "head", 0, 1, "none", _units(("lm_head",), *head_dev, host_head, permille)))
 
     # Closed-form sizes (bf16): weights per tier, KV per tier, one staging buffer = the most one layer streams.
     numels = _param_numels(cfg)
@@ -149,9 +224,9 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         for sub in group.sublayers:
             if sub.weights != "none":
                 tier_bytes[sub.weights] += numels[sub.name] * 2 * group.layer_count
-                if sub.weights != "hbm" and "gpu" in (sub.prefill, sub.decode) and sub.name != "embed":
+                if sub.weights != "hbm" and {"gpu", "split"} & {sub.prefill, sub.decode} and sub.name != "embed":
                     streamed += numels[sub.name] * 2
-            elif sub.decode == "gpu" and group.kv_cache in ("ddr", "cxl"):
+            elif sub.decode == "gpu" and group.kv_cache in ("ddr", "cxl"):  # (an upper bound for split units)
                 streamed += kv_one
         if group.kv_cache != "none":
             tier_bytes[group.kv_cache] += 2 * kv_one * group.layer_count
@@ -179,4 +254,5 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
                         Predicted(prefill_s, per_token * gen_len, per_token, total, batch * gen_len / total, times),
                         tuple(TierUsage(t, b, b * 2) for t, b in tier_bytes.items()))
     name = f"{cfg.name}.test-host.b{batch}-p{prompt_len}-g{gen_len}"
-    return OffloadPlan("liac/v1", "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
+    return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
+

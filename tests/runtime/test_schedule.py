@@ -47,7 +47,7 @@ def test_mixed_decode_moves_follow_device_changes():
     assert ops["up"].moves == (Move("x", "cpu", "gpu"),)
     assert ops["down"].moves == (Move("h", "gpu", "cpu"),)  # x is still on the CPU: not moved again
     unit = schedule.phases["decode"].units[[u.layer for u in schedule.phases["decode"].units].index(1)]
-    assert sorted(p.canonical for p, _, _ in unit.weights) == sorted(
+    assert sorted(piece.param.canonical for piece in unit.weights) == sorted(
         f"layers.1.{name}" for name in ("qkv.norm.weight", "qkv.norm.bias", "qkv.proj.weight", "qkv.proj.bias",
                                         "fc1.norm.weight", "fc1.norm.bias", "fc1.proj.weight", "fc1.proj.bias"))
     assert [which for which, _ in unit.kv] == ["k"]  # only the GPU score needs a window
