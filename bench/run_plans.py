@@ -21,6 +21,7 @@ Runs with the GPU machine's stock python3 from a checkout where liac is not inst
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -124,7 +125,6 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
         if out is not None:
             write_atomic(out, json.dumps(results, indent=1, sort_keys=True) + "\n")
 
-    generator = torch.Generator().manual_seed(seed)
     for index, (run, plan) in enumerate(zip(runs, plans)):
         work = plan.spec.workload
         batch, prompt_len = run.batch or work.batch_size, run.prompt_len or work.prompt_len
@@ -148,6 +148,8 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 log(f"{label}: skipped ({record['skipped']})")
                 save()
                 continue
+            # the same prompt for every contender at one (batch, prompt) point
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + batch * 10_007 + prompt_len)
             ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=generator)
             backend.reset_peak()
             with Engine.from_plan(plan, weights=host, backend=backend) as engine:
@@ -188,7 +190,8 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             traceback.print_exc()
             record["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
             log(f"{label}: error: {record['error']}")
-            backend.release_cached()
+        gc.collect()  # a failed run's tensors go with its traceback: give their GPU memory back before the next
+        backend.release_cached()
         record["wall_seconds"] = round(time.perf_counter() - began, 3)
         save()
     host.close()
