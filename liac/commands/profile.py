@@ -44,6 +44,7 @@ def profile_from_measurements(m, base, name: str, description: str):
     import dataclasses
 
     from liac.profile import CurvePoint
+    from liac.schema_tools import stable_float
 
     how = f"liac profile on this host ({m.cpu_threads} threads)"
     fields: dict = {}
@@ -55,7 +56,7 @@ def profile_from_measurements(m, base, name: str, description: str):
         sources[field] = f"{how}: {text}"
         estimates.discard(field)
 
-    measured("cpu_amx_bf16_tflops", tuple(CurvePoint(m=rows, tflops=round(tflops, 4))
+    measured("cpu_amx_bf16_tflops", tuple(CurvePoint(m=rows, tflops=stable_float(max(tflops, 1e-6), 4))
                                           for rows, tflops in m.cpu_gemm_tflops),
              "bf16 F.linear over rotated weights at M = " + ", ".join(str(r) for r, _ in m.cpu_gemm_tflops))
     measured("cpu_ddr_read_gb_per_s", m.cpu_gemv_gb_per_s, f"GEMV ({m.cpu_gemv_kernel}) over rotated weights")

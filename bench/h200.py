@@ -1,0 +1,268 @@
+"""The H200 benchmark (issue 7): profile this host, compile for what was measured, run every contender, the peers
+and the floor — all in the same run, since the CPU side of that machine varies 2-3x between machine starts.
+
+    # on the GPU machine, from a checkout (liac installed editable; pulp and flexgen carried as wheels):
+    python3 bench/h200.py --out $OUT --stages profile,compile,runs,floor --points 128:1,8,32,64
+    python3 bench/h200.py --out $OUT --stages compile,runs,peers,floor --points 1024:1,8 \
+        --profile bench/results/h200/profile.yaml            # a second call on the same (still warm) machine
+    # here, as a smoke test of the orchestration (tiny model, the GPU emulated on the CPU, no peers):
+    python bench/h200.py --out /tmp/h200 --emulate
+
+Stages (each writes its files under --out as soon as it has them, so a call cut short keeps what finished):
+  profile  `liac profile` → profile.yaml (full sizes: ≥ 1 GiB rotated weights)
+  compile  `liac.api.compile_plans` with that profile, the GPU budget and every (prompt, batch) point, once per
+           contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu;
+           plus the plan for the shipped h200-amx16 profile at batch 1 (issue 4's check) → plans/, plans.tar.gz
+  runs     bench/run_plans.py over all plans on ONE set of random weights → runs.json (per run: prefill ms, decode
+           ms/token, tokens/s, peak GPU memory, per-sublayer measured vs predicted times)
+  peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
+  floor    bench/floor.py for every point with the measured profile → floor.json
+`summary.json` says which stages ran, when each started, the machine (boot id) and what was skipped and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
+GIB = 2**30
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    """'128:1,8,32;1024:1,8' → [(128, 1), (128, 8), (128, 32), (1024, 1), (1024, 8)] as (prompt, batch)."""
+    points = []
+    for group in text.split(";"):
+        prompt, _, batches = group.partition(":")
+        for batch in batches.split(","):
+            points.append((int(prompt), int(batch)))
+    if not points or any(p < 1 or b < 1 for p, b in points):
+        raise SystemExit(f"--points: must look like '128:1,8,32;1024:1,8', got {text!r}")
+    return points
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.began = time.monotonic()
+        self.summary = {"argv": sys.argv[1:], "boot_id": _boot_id(), "stages": {}, "skipped": []}
+        self.profile_path = Path(args.profile) if args.profile else self.out / "profile.yaml"
+
+    def left(self) -> float:
+        return self.args.deadline_s - (time.monotonic() - self.began)
+
+    def log(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.began:6.1f}s] {text}", flush=True)
+
+    def save(self) -> None:
+        from liac.plan import write_atomic
+
+        write_atomic(self.out / "summary.json", json.dumps(self.summary, indent=1, sort_keys=True) + "\n")
+
+    def stage(self, name: str, fn) -> None:
+        self.summary["stages"][name] = {"started_s": round(time.monotonic() - self.began, 1)}
+        self.log(f"== {name}")
+        try:
+            fn()
+            self.summary["stages"][name]["status"] = "done"
+        except Exception as e:  # one stage failing must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            self.summary["stages"][name]["status"] = f"error: {type(e).__name__}: {e}"[:500]
+        self.summary["stages"][name]["seconds"] = round(time.monotonic() - self.began
+                                                        - self.summary["stages"][name]["started_s"], 1)
+        self.save()
+
+    # -- stages ----------------------------------------------------------------------------------------------
+    def profile(self) -> None:
+        command = [sys.executable, "-m", "liac.cli", "profile", "-o", str(self.profile_path), "--name", "h200-measured"]
+        if self.args.emulate:
+            command += ["--quick", "--no-gpu"]
+        subprocess.run(command, check=True, timeout=max(60.0, self.left() - 60))
+        self.summary["profile"] = str(self.profile_path)
+
+    def compile(self) -> None:
+        from liac.api import compile_plans, write_plans
+
+        model, budget = self.args.model, int(self.args.gpu_budget_gib * GIB)
+        plans = []
+        by_prompt: dict[int, list[int]] = {}
+        for prompt, batch in self.args.points:
+            by_prompt.setdefault(prompt, []).append(batch)
+        for contender in self.args.contenders:
+            for prompt, batches in by_prompt.items():
+                began = time.monotonic()
+                result = compile_plans(model, str(self.profile_path), batches=tuple(batches), prompt_len=prompt,
+                                       gen_len=self.args.gen_len, gpu_mem=budget,
+                                       policy=None if contender == "optimal" else contender)
+                folder = self.out / "plans" / contender / f"p{prompt}"
+                written = write_plans(result, folder)
+                for point in result.points:
+                    path = folder / _plan_file(written, point.plan)
+                    plans.append({"contender": contender, "prompt_len": prompt,
+                                  "batch": point.plan.spec.workload.batch_size, "plan": str(path)})
+                for batch, reason in result.infeasible:
+                    self.summary["skipped"].append({"stage": "compile", "contender": contender, "prompt_len": prompt,
+                                                    "batch": batch, "reason": reason})
+                self.log(f"compiled {contender} p{prompt} b{','.join(map(str, batches))} in "
+                         f"{time.monotonic() - began:.1f} s")
+        if not self.args.emulate:  # issue 4: a plan compiled for the *shipped* h200-amx16 profile, run by lia-run
+            result = compile_plans(model, "h200-amx16", batches=(1,), prompt_len=128, gen_len=self.args.gen_len,
+                                   gpu_mem=budget)
+            path = write_plans(result, self.out / "plans" / "shipped-h200-amx16.yaml")[0]
+            plans.append({"contender": "shipped-profile", "prompt_len": 128, "batch": 1, "plan": str(path)})
+        self.summary["plans"] = plans
+        with tarfile.open(self.out / "plans.tar.gz", "w:gz") as tar:
+            tar.add(self.out / "plans", arcname="plans")
+
+    def runs(self) -> None:
+        from run_plans import RunSpec, run_plans
+
+        plans = self.summary.get("plans") or json.loads((self.out / "summary.json").read_text())["plans"]
+        wanted = {(p, b) for p, b in self.args.points}
+        specs, index = [], []
+        for entry in plans:
+            if (entry["prompt_len"], entry["batch"]) in wanted or entry["contender"] == "shipped-profile":
+                specs.append(RunSpec(entry["plan"], gen_len=self.args.measure_gen_len))
+                index.append(entry)
+        self.summary["runs_index"] = index
+        self.save()
+        run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
+                  profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
+                  log=self.log)
+
+    def peers(self) -> None:
+        results = []
+        peer_dir = HERE / "peers"
+        jobs = []
+        for prompt, batch in self.args.peer_points:
+            common = ["--model", self.args.model, "--batch", str(batch), "--prompt-len", str(prompt),
+                      "--gpu-budget-gib", str(self.args.gpu_budget_gib)]
+            if batch == 1:
+                jobs.append(("accelerate", [str(peer_dir / "accelerate_opt.py"), *common, "--gen-len", "3"]))
+            jobs.append(("accelerate-pinned", [str(peer_dir / "accelerate_opt.py"), *common, "--pinned",
+                                               "--gen-len", "4"]))
+            jobs.append(("flexgen", [str(peer_dir / "flexgen_opt.py"), *common, "--gen-len",
+                                     str(self.args.measure_gen_len), "--search", "--search-budget-s",
+                                     str(self.args.flexgen_search_s), "--max-candidates", "3"]))
+        for name, command in jobs:
+            if self.left() < 90:
+                self.summary["skipped"].append({"stage": "peers", "peer": name, "reason": "out of time"})
+                continue
+            json_out = self.out / f"peer-{len(results):02d}.json"
+            began = time.monotonic()
+            record = {"peer": name, "command": command}
+            try:
+                proc = subprocess.run([sys.executable, *command, "--json-out", str(json_out)], capture_output=True,
+                                      text=True, timeout=max(60.0, self.left() - 45))
+                record["returncode"] = proc.returncode
+                record["stderr_tail"] = proc.stderr[-1500:]
+                if json_out.exists():
+                    record["result"] = json.loads(json_out.read_text())
+                    json_out.unlink()
+            except subprocess.TimeoutExpired:
+                record["error"] = "timed out"
+            record["wall_seconds"] = round(time.monotonic() - began, 1)
+            results.append(record)
+            self.log(f"peer {name} {command[2:8]}: {json.dumps(record.get('result', record.get('error')))[:300]}")
+            from liac.plan import write_atomic
+
+            write_atomic(self.out / "peers.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+    def floor(self) -> None:
+        from floor import workload_floor
+
+        from liac.models import resolve_model
+        from liac.passes import trace_model
+        from liac.profile import load_profile
+
+        hw = load_profile(self.profile_path)
+        graph = trace_model(resolve_model(self.args.model))
+        floors = []
+        for prompt, batch in self.args.points:
+            f = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
+                               gpu_budget_bytes=self.args.gpu_budget_gib * GIB)
+            floors.append({"prompt_len": prompt, "batch": batch, **_plain(f)})
+        from liac.plan import write_atomic
+
+        write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
+
+
+def _plan_file(written: list[Path], plan) -> str:
+    for path in written:
+        if path.stem == plan.metadata.name:
+            return path.name
+    return f"{plan.metadata.name}.yaml"
+
+
+def _plain(record) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(record) if dataclasses.is_dataclass(record) else dict(record)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder for every result file")
+    parser.add_argument("--stages", default="profile,compile,runs,floor")
+    parser.add_argument("--model", default="opt-30b")
+    parser.add_argument("--gpu-budget-gib", type=float, default=24.0)
+    parser.add_argument("--points", type=parse_points, default=parse_points("128:1,8,32,64"),
+                        help="(prompt, batch) points, e.g. '128:1,8,32,64;1024:1,8'")
+    parser.add_argument("--peer-points", type=parse_points, default=parse_points("128:1,32"))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--gen-len", type=int, default=32, help="new tokens the plans are compiled for")
+    parser.add_argument("--measure-gen-len", type=int, default=8, help="new tokens each timed run generates")
+    parser.add_argument("--profile-steps", type=int, default=1, help="decode steps of the per-sublayer profile")
+    parser.add_argument("--max-run-seconds", type=float, default=40.0, help="skip runs predicted to take longer")
+    parser.add_argument("--flexgen-search-s", type=float, default=150.0)
+    parser.add_argument("--deadline-s", type=float, default=560.0, help="wall-clock budget of this call")
+    parser.add_argument("--profile", help="reuse this measured profile (a second call on the same machine)")
+    parser.add_argument("--emulate", action="store_true", help="smoke test here: opt-125m, GPU emulated, quick")
+    args = parser.parse_args(argv)
+    args.contenders = [c for c in args.contenders.split(",") if c]
+    if args.emulate:
+        args.model, args.gpu_budget_gib = "opt-125m", 0.1
+    bench = Bench(args)
+    stages = [s for s in args.stages.split(",") if s]
+    for name in stages:
+        if name not in ("profile", "compile", "runs", "peers", "floor"):
+            raise SystemExit(f"--stages: unknown stage {name!r}")
+    if "compile" not in stages and "runs" in stages and not (bench.out / "summary.json").exists():
+        raise SystemExit("--stages: 'runs' needs 'compile' in this call or an earlier summary.json in --out")
+    if args.profile and "profile" in stages:
+        raise SystemExit("--profile reuses a profile: drop 'profile' from --stages")
+    if args.profile and _boot_id() != "unknown":
+        previous = Path(args.profile).with_name("summary.json")
+        if previous.exists() and json.loads(previous.read_text()).get("boot_id") not in (None, _boot_id()):
+            bench.log("this is another machine than the one the profile was measured on: measuring again")
+            bench.profile_path = bench.out / "profile.yaml"
+            stages.insert(0, "profile")
+    for name in stages:
+        bench.stage(name, getattr(bench, name))
+    bench.log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
