@@ -1,0 +1,179 @@
+"""liac calibrate: synthetic runs priced on a known "true" profile (every rate perturbed) are fitted back to it, the
+error drops to ~0, the output profile loads and says where its numbers come from, and bad input is one line.
+
+The measurements are independent of calibrate's own re-pricing: each run's numbers are the `status.predicted` of
+the same plan compiled on the true profile (emit_plan's predictions), written in lia-run's metrics format; calibrate
+gets the plans compiled on the base profile (the same placements, asserted) and must recover the true rates.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from liac.api import compile_plans
+from liac.calibrate import FACTORS, calibrate, load_measurements, scaled_profile
+from liac.cli import main
+from liac.models import resolve_model
+from liac.plan import plan_to_yaml
+from liac.profile import load_profile, resolve_profile
+
+BASE = resolve_profile("h200-amx16")
+TRUE = {"cpu_ddr_read": 0.6, "cpu_amx": 1.4, "cpu_kv_read": 0.8, "gpu_flops": 0.85, "gpu_hbm": 1.2,
+        "pcie_h2d": 0.9, "pcie_d2h": 0.75, "ddr_shared": 0.5, "gpu_launch": 2.0, "cpu_launch": 1.5,
+        "pcie_latency": 3.0}
+# (policy, GPU budget MiB, batch, prompt): all-CPU and streamed layers, CPU attention beside GPU GEMMs with large
+# activations crossing PCIe, streamed GPU layers (bound by the shared DDR rate), and GPU-resident compute-bound prefill.
+CASES = [("lia-cpu", 64, 1, 128), ("lia-cpu", 64, 16, 256), ("lia-partial", 128, 16, 256), ("lia-gpu", 64, 1, 128),
+         ("lia-gpu", 1024, 16, 256)]
+
+
+def _metrics_doc(plan, measured_plan) -> dict:
+    """lia-run's metrics format (runtime/metrics.py) with the true-profile plan's predictions as the measurements."""
+    work = plan.spec.workload
+    predicted = measured_plan.status.predicted
+    rows = [{"group": s.group, "sublayers": [s.name], "phase": s.phase, "device": s.device,
+             "measured_ms": (s.compute_seconds + s.transfer_seconds) * 1e3,
+             "predicted_ms": 0.0} for s in predicted.sublayers]
+    rows.append({"group": "decoder-0", "sublayers": ["wait"], "phase": "decode", "device": "gpu", "measured_ms": 1.0,
+                 "predicted_ms": None})  # a streaming wait: no prediction, must be skipped
+    # The plan's sublayer predictions are means over all gen_len - 1 decode steps: the profiling pass ran them all.
+    return {"metrics_version": 1, "plan": plan.metadata.name, "model": plan.spec.model.name,
+            "run": {"batch_size": work.batch_size, "prompt_len": work.prompt_len, "gen_len": work.gen_len,
+                    "decode_steps": work.gen_len - 1, "profile_steps": work.gen_len - 1},
+            "prefill_ms": predicted.prefill_seconds * 1e3,
+            "decode_ms_per_token": predicted.decode_seconds_per_token * 1e3, "sublayers": rows}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """Plans (base profile) and metrics files (measured = predictions on the true profile)."""
+    root = tmp_path_factory.mktemp("calibrate")
+    (root / "plans").mkdir()
+    (root / "metrics").mkdir()
+    cfg = resolve_model("opt-125m")
+    true = scaled_profile(BASE, TRUE)
+    metrics = []
+    for index, (policy, mib, batch, prompt) in enumerate(CASES):
+        plan = compile_plans(cfg, BASE, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=mib << 20,
+                             policy=policy).points[0].plan
+        measured = compile_plans(cfg, true, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=mib << 20,
+                                 policy=policy).points[0].plan
+        assert plan.spec.layer_groups == measured.spec.layer_groups  # the same placement ran
+        (root / "plans" / f"{index}.yaml").write_text(plan_to_yaml(plan))
+        path = root / "metrics" / f"{index}.json"
+        path.write_text(json.dumps(_metrics_doc(plan, measured)))
+        metrics.append(str(path))
+    return root, metrics
+
+
+def test_calibration_recovers_the_true_rates(synthetic, tmp_path, capsys):
+    root, metrics = synthetic
+    out, report = tmp_path / "cal.yaml", tmp_path / "report.json"
+    code = main(["calibrate", *metrics, "--plans", str(root / "plans"), "--hw", "h200-amx16", "-o", str(out),
+                 "--report", str(report)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "calibrated 'h200-amx16' from 138 measurements" in printed
+    profile = load_profile(out)  # what was written loads as a profile
+    assert profile.name == "cal"
+    for name, scale in TRUE.items():
+        for field in FACTORS[name][0]:
+            if field == "cpu_amx_bf16_tflops":
+                for got, base in zip(profile.cpu_amx_bf16_tflops, BASE.cpu_amx_bf16_tflops):
+                    assert got.tflops == pytest.approx(base.tflops * scale, rel=5e-3)
+            else:
+                assert getattr(profile, field) == pytest.approx(getattr(BASE, field) * scale, rel=5e-3), field
+    assert profile.sources["cpu_ddr_read_gb_per_s"].startswith("calibrated by liac calibrate from 138 measurements")
+    assert "cpu_ddr_read_gb_per_s" in BASE.estimates and "cpu_ddr_read_gb_per_s" not in profile.estimates
+    assert profile.pcie_bidir_gb_per_s == BASE.pcie_bidir_gb_per_s  # no factor touches it
+    data = json.loads(report.read_text())
+    assert data["error_before"]["all"]["median"] > 0.2
+    assert data["error_after"]["all"]["median"] < 1e-3
+    assert data["error_after"]["all"]["mean"] < 5e-3
+    assert set(data["error_after"]["by_phase"]) == {"prefill", "decode"}
+    assert {"qkv", "fc1", "lm_head"} <= set(data["error_after"]["by_sublayer"])
+    assert all(f["determined"] for f in data["factors"].values())
+    assert len(data["rows"]) == 138
+
+
+def test_same_inputs_same_profile(synthetic, tmp_path):
+    root, metrics = synthetic
+    texts = []
+    for name in ("a", "b"):
+        out = tmp_path / name / "cal.yaml"
+        assert main(["calibrate", *metrics[:2], "--plans", str(root / "plans"), "--hw", "h200-amx16", "-o",
+                     str(out), "--max-evals", "40", "--name", "run", "--format", "json"]) == 0
+        texts.append(out.read_text())
+    assert texts[0] == texts[1]
+    assert yaml.safe_load(texts[0])["name"] == "run"
+
+
+def test_factors_the_runs_do_not_exercise_stay_put(synthetic):
+    root, metrics = synthetic
+    # All-CPU decoder layers alone: nothing streams to the GPU, so the shared DDR rate never binds.
+    runs = load_measurements(metrics[:2], [root / "plans"])
+    result = calibrate(BASE, runs, max_evals=300)
+    assert "ddr_shared" not in result.determined
+    assert result.profile.ddr_shared_gb_per_s == BASE.ddr_shared_gb_per_s
+    assert result.factors["cpu_ddr_read"] == pytest.approx(0.6, rel=5e-3)
+    assert result.after["all"]["median"] < 1e-3
+
+
+def _bad(tmp_path, *argv):
+    return ["calibrate", *argv, "-o", str(tmp_path / "out.yaml")]
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("missing", "cannot read"),
+    ("not-json", "not valid JSON"),
+    ("not-metrics", "must be a metrics document from 'lia-run --metrics-out'"),
+    ("no-plan", "plan 'nowhere' must be among --plans"),
+    ("bad-run", "run.batch_size: must be a positive integer, got 0"),
+    ("other-model", "model 'opt-30b' must match the plan's 'opt-125m'"),
+])
+def test_bad_metrics_are_one_line(synthetic, tmp_path, capsys, case, expected):
+    root, metrics = synthetic
+    doc = json.loads(Path(metrics[0]).read_text())
+    path = tmp_path / "m.json"
+    if case == "not-json":
+        path.write_text("{not json")
+    elif case == "not-metrics":
+        path.write_text(json.dumps({"plan": "x"}))
+    elif case == "no-plan":
+        path.write_text(json.dumps(dict(doc, plan="nowhere")))
+    elif case == "bad-run":
+        path.write_text(json.dumps(dict(doc, run=dict(doc["run"], batch_size=0))))
+    elif case == "other-model":
+        path.write_text(json.dumps(dict(doc, model="opt-30b")))
+    assert main(_bad(tmp_path, str(path), "--plans", str(root / "plans"), "--hw", "h200-amx16")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("liac calibrate: ") and expected in err
+    assert not (tmp_path / "out.yaml").exists()
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--hw", "nope"], "--hw: unknown hardware profile 'nope'"),
+    (["--hw", "h200-amx16", "--profile-steps", "0"], "--profile-steps: must be a positive integer, got '0'"),
+    (["--hw", "h200-amx16", "--max-evals", "x"], "--max-evals: must be a positive integer, got 'x'"),
+    (["--hw", "h200-amx16", "--plans", "/nonexistent/dir"], "--plans: '/nonexistent/dir' must be a plan file"),
+    (["--hw", "h200-amx16", "--report", "r.txt"], "--report: must end in '.json'"),
+])
+def test_bad_flags_are_one_line(synthetic, tmp_path, capsys, flags, expected):
+    _, metrics = synthetic
+    assert main(_bad(tmp_path, metrics[0], *flags)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err
+
+
+def test_console_script_bad_output_name(synthetic, tmp_path):
+    _, metrics = synthetic
+    liac = Path(sys.executable).with_name("liac")
+    proc = subprocess.run([str(liac), "calibrate", metrics[0], "--hw", "h200-amx16", "-o", str(tmp_path / "x.txt")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"liac calibrate: --output: must end in '.yaml' or '.yml', got '{tmp_path / 'x.txt'}'"
+    assert "Traceback" not in proc.stderr
