@@ -12,7 +12,8 @@ prefill, as liac's cost model prices it), from the traced sublayer graph (bytes,
 no per-model table):
 
   * W  = weight bytes the step reads (all decoder layers and the head; MoE experts: those the tokens hit),
-         K = KV-cache bytes it reads, F = its FLOPs. Embedding lookups (a few rows, KB per step) are left out.
+         K = KV-cache bytes it reads, F = its FLOPs. Embedding lookups (a few rows, KB per step) are left
+         out.
   * The GPU budget holds R weight bytes and a share f of the KV cache (whole generation): R + f·K_store ≤ budget
     − reserved. Everything else lives in DDR: N_w = W·(1 − R/W_store) weight bytes and N_k = (1 − f)·K bytes of KV
     must each step either be read by the CPU (which then computes with them) or be copied over PCIe.
@@ -144,8 +145,8 @@ def offload_seconds(weight_bytes: float, kv_bytes: float, cpu_weight_seconds_per
     total = weight_bytes + kv_bytes
     if total <= 0:
         return 0.0
-    kinds = sorted(((n, s) for n, s in ((weight_bytes, cpu_weight_seconds_per_byte), (kv_bytes, cpu_kv_seconds_per_byte))
-                    if n > 0), key=lambda item: item[1])
+    pairs = ((weight_bytes, cpu_weight_seconds_per_byte), (kv_bytes, cpu_kv_seconds_per_byte))
+    kinds = sorted(((n, s) for n, s in pairs if n > 0), key=lambda item: item[1])
     if any(s <= 0 for _, s in kinds):  # a CPU rate without limit (a profile never has one): only the DDR cap
         return total / shared_bytes_per_s
     taken, start = 0.0, 0.0  # CPU bytes taken by the start of the current piece, and that piece's start time

@@ -177,3 +177,13 @@ def test_console_script_bad_output_name(synthetic, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"liac calibrate: --output: must end in '.yaml' or '.yml', got '{tmp_path / 'x.txt'}'"
     assert "Traceback" not in proc.stderr
+
+
+def test_plan_found_through_the_documents_plan_file(synthetic, tmp_path):
+    root, metrics = synthetic
+    doc = json.loads(Path(metrics[0]).read_text())
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(dict(doc, plan_file=str(root / "plans" / "0.yaml"))))  # as bench/run_plans.py writes
+    (run,) = load_measurements([path])
+    assert run.plan.metadata.name == doc["plan"]
+    assert run.profile_steps == 3 and len(run.rows) == 2 + len(doc["sublayers"]) - 1  # the wait row is skipped

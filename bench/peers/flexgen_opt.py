@@ -15,12 +15,19 @@ NumPy array per tensor, which only makes loading faster. Overlap is on, attentio
 
 Search (`--search`): FlexGen has no search of its own in 0.1.8, so this script enumerates a few policies, filters
 them with FlexGen's own size formulas (its `OptConfig.cache_bytes` / `hidden_bytes`, and its weight-placement rule
-`init_weight_list` reproduced exactly in `weight_homes`), runs each survivor for a few tokens in a subprocess (a
-fresh CUDA context, so each peak is its own), drops any whose measured peak exceeds the budget, and re-runs the
-fastest for the full workload. Candidates: cache on the GPU, or on the CPU with attention on the GPU or on the CPU
+`init_weight_list` reproduced exactly in `weight_homes`) against the GPU budget and the host's memory, runs each
+survivor for a few tokens in a subprocess (a fresh CUDA context, so each peak is its own), and re-runs the fastest
+for the full workload. Candidates: cache on the GPU, or on the CPU with attention on the GPU or on the CPU
 (`--cpu-cache-compute`), each with as many weights on the GPU as the estimate allows; GPU batch = the largest one
-whose prefill activations stay small, and half of it. `--search-budget-s` bounds the whole search. Every candidate,
-its estimate, measurement or error is in the result's `search.tried`.
+whose prefill activations stay small, and half of it. A candidate whose measured peak (reserved) exceeds the budget
+is re-run once with fewer GPU weights, the overshoot set aside (the allocator keeps more than the tensors need: on
+the H200 with OPT-1.3B, 2.28 GB reserved for 1.94 GB allocated). `--search-budget-s` bounds the whole search,
+`--max-candidates` the runs. Every candidate, its estimate, measurement or error is in the result's `search.tried`.
+
+FlexGen's placement is coarse: each weight goes whole to one device by where its midpoint falls in its layer, so
+`w_gpu` moves weights in steps of a whole matrix (OPT-30B at 24 GiB: 25% puts only each out_proj on the GPU, 26%
+adds every fc2 and overflows). Its disk device's copy threads (4, each pinning 2 GiB) also relay GPU → pageable-CPU
+copies of a CPU-resident KV cache, so they run even without disk offload.
 """
 
 from __future__ import annotations
@@ -45,9 +52,9 @@ __all__ = ["Candidate", "build_parser", "check_args", "weight_specs", "weight_ho
 FP16 = 2
 WEIGHT_STEP_PERCENT = 1  # --percent is integers in FlexGen's CLI
 ESTIMATE_MARGIN = 0.92   # candidates must fit in this share of the budget: the allocator rounds and fragments
-ACTIVATION_SHARE = 0.15
-MAX_RETRIES = 2         # over-budget candidates re-run with fewer GPU weights (search only)
-COPY_THREAD_BYTES = 4 * 2 * GIB  # TorchDisk's 4 copy threads each pin a 1 G-element fp16 relay buffer  # the GPU batch is the largest whose prefill activations fit in this share of the budget
+ACTIVATION_SHARE = 0.15  # the GPU batch is the largest whose prefill activations fit in this share of the budget
+MAX_RETRIES = 2          # over-budget candidates re-run with fewer GPU weights (search only)
+COPY_THREAD_BYTES = 4 * 2 * GIB  # TorchDisk's 4 copy threads each pin a 1 G-element fp16 relay buffer
 
 
 def build_parser():

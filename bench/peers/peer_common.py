@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass
 
 try:
-    import liac  # noqa: F401 - installed, or on PYTHONPATH
+    import liac  # noqa: F401  (installed, or on PYTHONPATH)
 except ImportError:  # run from a checkout where liac is not installed (the GPU machine): the repo root holds it
     sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
