@@ -15,9 +15,10 @@ NumPy array per tensor, which only makes loading faster. Overlap is on, attentio
 
 Search (`--search`): FlexGen has no search of its own in 0.1.8, so this script enumerates a few policies, filters
 them with FlexGen's own size formulas (its `OptConfig.cache_bytes` / `hidden_bytes`, and its weight-placement rule
-`init_weight_list` reproduced exactly in `weight_homes`) against the GPU budget and the host's memory, runs each
+`init_weight_list` reproduced exactly in `weight_homes`) against the GPU budget and the host's memory (pinned
+weights cost a power of two each in PyTorch's pinned allocator: where they do not fit, unpinned ones), runs each
 survivor for a few tokens in a subprocess (a fresh CUDA context, so each peak is its own), and re-runs the fastest
-for the full workload. Candidates: cache on the GPU, or on the CPU with attention on the GPU or on the CPU
+for the full workload (a lone candidate runs the full workload at once). Candidates: cache on the GPU, or on the CPU with attention on the GPU or on the CPU
 (`--cpu-cache-compute`), each with as many weights on the GPU as the estimate allows; GPU batch = the largest one
 whose prefill activations stay small, and half of it. A candidate whose measured peak (reserved) exceeds the budget
 is re-run once with fewer GPU weights, the overshoot set aside (the allocator keeps more than the tensors need: on
@@ -75,7 +76,7 @@ def build_parser():
     parser.add_argument("--candidate-timeout-s", type=positive_float, default=600.0,
                         help="kill one candidate run after this many seconds (default 600)")
     parser.add_argument("--host-mem-gib", type=positive_float,
-                        help="host memory the search may plan for (default: 85%% of MemTotal)")
+                        help="host memory the search may plan for (default: 90%% of MemTotal)")
     parser.add_argument("--max-candidates", type=positive_int, default=4,
                         help="run at most this many search candidates, most GPU weights first (default 4)")
     parser.add_argument("--offload-dir", help="FlexGen's disk directory (unused: no disk offload; default: a temp dir)")
@@ -208,14 +209,20 @@ def estimate_gpu_bytes(shapes: OptShapes, batch: int, prompt_len: int, gen_len: 
 
 
 def estimate_host_bytes(shapes: OptShapes, batch: int, prompt_len: int, gen_len: int, gpu_batch: int,
-                        w_gpu: float, cache_gpu: float, cpu_cache_compute: bool) -> int:
-    """Host memory one policy needs (bytes): weights not on the GPU, the KV cache not on the GPU, with
+                        w_gpu: float, cache_gpu: float, cpu_cache_compute: bool, pin_weight: bool = True) -> int:
+    """Host memory one policy needs (bytes): weights not on the GPU (pinned ones, FlexGen's default and always its
+    vectors, rounded up to a power of two each as PyTorch's pinned allocator does), the KV cache not on the GPU, with
     --cpu-cache-compute FlexGen's fp32 K/V workspace of one GPU batch, and the pinned relay buffers of its disk
     copy threads (4 × 2 GiB, allocated whatever the policy)."""
-    total_weights = sum(_numel(shape) * FP16 for layer in weight_specs(shapes) for shape in layer)
+    weights = 0
+    for layer in weight_specs(shapes):
+        for shape, home in zip(layer, weight_homes(layer, w_gpu, 100 - w_gpu)):
+            if home != "gpu":
+                nbytes = _numel(shape) * FP16
+                weights += 1 << max(nbytes - 1, 0).bit_length() if (pin_weight or len(shape) < 2) else nbytes
     cache = _cache_bytes(shapes, batch, prompt_len + gen_len) * (100 - cache_gpu) / 100
     workspace = 2 * gpu_batch * (prompt_len + gen_len) * shapes.hidden_size * 4 if cpu_cache_compute else 0
-    return int(total_weights - gpu_weight_bytes(shapes, w_gpu)[0] + cache + workspace + COPY_THREAD_BYTES)
+    return int(weights + cache + workspace + COPY_THREAD_BYTES)
 
 
 def max_weight_percent(shapes: OptShapes, batch: int, prompt_len: int, gen_len: int, gpu_batch: int,
@@ -263,7 +270,8 @@ def search_candidates(shapes: OptShapes, batch: int, prompt_len: int, gen_len: i
                       host_budget_bytes: float | None = None) -> list[Candidate]:
     """The policies worth running, most GPU-resident weights first; dominated ones dropped (see the docstring).
 
-    With `host_budget_bytes`, a policy whose host memory (`estimate_host_bytes`) exceeds it is dropped too.
+    With `host_budget_bytes`, a policy whose host memory (`estimate_host_bytes`) exceeds it with pinned weights is
+    kept with unpinned ones if those fit, else dropped.
     A CPU-cache policy with no more GPU weights than the GPU-cache policy of the same GPU batch is dropped (keeping
     the cache on the GPU is then never slower), and so is a smaller GPU batch that gains no GPU weights.
     """
@@ -276,9 +284,14 @@ def search_candidates(shapes: OptShapes, batch: int, prompt_len: int, gen_len: i
             w_gpu = max_weight_percent(shapes, batch, prompt_len, gen_len, gpu_batch, cache_gpu, compute, usable)
             if w_gpu is None:
                 continue
+            pin = True
             if host_budget_bytes is not None and estimate_host_bytes(
                     shapes, batch, prompt_len, gen_len, gpu_batch, w_gpu, cache_gpu, compute) > host_budget_bytes:
-                continue
+                # Pinned weights cost a power of two each: unpinned ones (copied through a pinned relay) may fit.
+                pin = False
+                if estimate_host_bytes(shapes, batch, prompt_len, gen_len, gpu_batch, w_gpu, cache_gpu, compute,
+                                       pin_weight=False) > host_budget_bytes:
+                    continue
             if cache_gpu == 100:
                 gpu_cache_w = w_gpu
             elif gpu_cache_w is not None and w_gpu <= gpu_cache_w:
@@ -290,7 +303,7 @@ def search_candidates(shapes: OptShapes, batch: int, prompt_len: int, gen_len: i
             need = estimate_gpu_bytes(shapes, batch, prompt_len, gen_len, gpu_batch, w_gpu, cache_gpu, compute)
             out.append(Candidate(percent=(w_gpu, 100 - w_gpu, cache_gpu, 100 - cache_gpu, 100, 0),
                                  gpu_batch_size=gpu_batch, num_gpu_batches=batch // gpu_batch,
-                                 cpu_cache_compute=compute, pin_weight=True, estimated_gpu_bytes=need["total"]))
+                                 cpu_cache_compute=compute, pin_weight=pin, estimated_gpu_bytes=need["total"]))
     return sorted(out, key=lambda c: (-c.percent[0], -c.percent[2], c.cpu_cache_compute, -c.gpu_batch_size))
 
 
@@ -458,11 +471,41 @@ def _mem_total_bytes() -> float:
     return 100.0 * GIB
 
 
+_FINAL_KEYS = ("prefill_ms", "decode_ms_per_token", "decode_steps", "total_ms", "tokens_per_second",
+               "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes", "within_budget", "load_seconds", "settings")
+
+
+def _run_alone(args, result: PeerResult, shapes: OptShapes, candidate: Candidate, budget: float, search: dict,
+               start: float) -> None:
+    """The only candidate: its full run is the result; over the budget, the same with fewer GPU weights (bounded)."""
+    for _ in range(MAX_RETRIES + 1):
+        final = _run_candidate(args, candidate, args.gen_len, args.candidate_timeout_s)
+        row = {"candidate": asdict(candidate), "gen_len": args.gen_len}
+        row.update({k: final.get(k) for k in ("prefill_ms", "decode_ms_per_token", "peak_gpu_allocated_bytes",
+                                              "peak_gpu_reserved_bytes", "within_budget", "error")})
+        search["tried"].append(row)
+        smaller = None
+        if final.get("within_budget") is False and not final.get("error"):
+            smaller = shrink_candidate(shapes, args.batch, args.prompt_len, args.gen_len, budget, candidate,
+                                       final["peak_gpu_reserved_bytes"] - budget)
+        if smaller is None:
+            break
+        row["retry"] = asdict(smaller)
+        candidate = smaller
+    search["seconds"] = round(time.perf_counter() - start, 3)
+    search["chosen"] = asdict(candidate)
+    for key in _FINAL_KEYS:
+        if key in final:
+            result[key] = final[key]
+    if final.get("error"):
+        raise RuntimeError(f"the only candidate failed: {final['error']}")
+
+
 def run_search(args, result: PeerResult, shapes: OptShapes) -> None:
     """Enumerate, run the survivors briefly, keep the fastest within the budget, re-run it for the full workload."""
     budget = args.gpu_budget_gib * GIB
     start = time.perf_counter()
-    host = (args.host_mem_gib * GIB) if args.host_mem_gib else 0.85 * _mem_total_bytes()
+    host = (args.host_mem_gib * GIB) if args.host_mem_gib else 0.9 * _mem_total_bytes()
     candidates = search_candidates(shapes, args.batch, args.prompt_len, args.gen_len, budget, host)
     search = {"candidates": len(candidates), "gen_len": args.search_gen_len, "tried": [], "chosen": None,
               "host_budget_bytes": int(host), "not_run": [asdict(c) for c in candidates[args.max_candidates:]]}
@@ -471,6 +514,9 @@ def run_search(args, result: PeerResult, shapes: OptShapes) -> None:
     if not candidates:
         raise RuntimeError(f"no FlexGen policy fits {args.gpu_budget_gib} GiB of GPU and {host / GIB:.0f} GiB of host "
                            "memory by FlexGen's size formulas")
+    if len(candidates) == 1:  # nothing to compare: run it for the whole workload at once
+        _run_alone(args, result, shapes, candidates[0], budget, search, start)
+        return
     ranked, queue, retries = [], list(candidates), 0
     while queue:
         candidate = queue.pop(0)
@@ -507,9 +553,7 @@ def run_search(args, result: PeerResult, shapes: OptShapes) -> None:
         final = _run_candidate(args, candidate, args.gen_len, args.candidate_timeout_s)
         if not final.get("error") and final.get("within_budget") is not False:
             search["chosen"] = asdict(candidate)
-            for key in ("prefill_ms", "decode_ms_per_token", "decode_steps", "total_ms", "tokens_per_second",
-                        "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes", "within_budget", "load_seconds",
-                        "settings"):
+            for key in _FINAL_KEYS:
                 if key in final:
                     result[key] = final[key]
             search["final_failures"] = failures

@@ -76,13 +76,16 @@ def test_estimate_uses_flexgens_cache_formula_and_adds_up():
     assert streamed["kv_buffers"] == 3 * 2 * 8 * 1056 * 7168 * 2
 
 
-def test_host_estimate_counts_cpu_weights_cache_workspace_and_relay_buffers():
-    total_weights = sum(_numel(s) for layer in fg.weight_specs(OPT_30B) for s in layer) * 2
+def test_host_estimate_counts_pinned_cpu_weights_cache_workspace_and_relay_buffers():
     got = fg.estimate_host_bytes(OPT_30B, 64, 1024, 32, 8, 25, 0, True)
-    resident = fg.gpu_weight_bytes(OPT_30B, 25)[0]
+    # CPU-homed weights at w_gpu = 25 (see above), each pinned allocation rounded up to a power of two:
+    # per layer q, k, v (h² · 2 B = 98 MiB → 128 MiB) and their biases (14 KiB → 16 KiB), fc1 and fc2
+    # (4h² · 2 B = 392 MiB → 512 MiB) and fc1's bias (56 KiB → 64 KiB); the token table twice (687 MiB → 1 GiB)
+    # and the output embedding's two norm vectors.
+    weights = 48 * (3 * 2**27 + 3 * 2**14 + 2 * 2**29 + 2**16) + 2 * 2**30 + 2 * 2**14
     cache = 2 * 64 * 1056 * 48 * 7168 * 2
     workspace = 2 * 8 * 1056 * 7168 * 4
-    assert got == total_weights - resident + cache + workspace + 8 * GIB
+    assert got == weights + cache + workspace + 8 * GIB
 
 
 def test_max_weight_percent_is_the_largest_that_fits():
@@ -106,7 +109,7 @@ def test_search_candidates_fit_and_are_not_dominated(batch, prompt):
         assert est["total"] == c.estimated_gpu_bytes <= fg.ESTIMATE_MARGIN * budget
         assert c.percent[0] + c.percent[1] == 100 and c.percent[2] + c.percent[3] == 100
         assert fg.estimate_host_bytes(OPT_30B, batch, prompt, 32, c.gpu_batch_size, c.percent[0], c.percent[2],
-                                      c.cpu_cache_compute) <= 108 * GIB
+                                      c.cpu_cache_compute, c.pin_weight) <= 108 * GIB
         # One more weight percent would not fit
         if c.percent[0] < 100:
             bigger = fg.estimate_gpu_bytes(OPT_30B, batch, prompt, 32, c.gpu_batch_size, c.percent[0] + 1,
@@ -121,9 +124,16 @@ def test_search_candidates_fit_and_are_not_dominated(batch, prompt):
 
 def test_search_keeps_a_small_kv_cache_on_the_gpu_and_drops_what_the_host_cannot_hold():
     (only,) = fg.search_candidates(OPT_30B, 1, 128, 32, 24 * GIB, host_budget_bytes=108 * GIB)
-    assert only.percent == (25, 75, 100, 0, 100, 0) and not only.cpu_cache_compute
+    assert only.percent == (25, 75, 100, 0, 100, 0) and not only.cpu_cache_compute and only.pin_weight
     # Batch 64 × 1056 tokens: 93 GB of KV cache, too much for the GPU budget and, beside the weights, for the host.
     assert fg.search_candidates(OPT_30B, 64, 1024, 32, 24 * GIB, host_budget_bytes=108 * GIB) == []
+    # Batch 32: 46.5 GB of KV in DDR beside 68 GiB of pinned (power-of-two) weights does not fit 112 GiB; the same
+    # weights unpinned (55 GB) do.
+    candidates = fg.search_candidates(OPT_30B, 32, 1024, 32, 24 * GIB, host_budget_bytes=112 * GIB)
+    assert candidates and not any(c.pin_weight for c in candidates)
+    for c in candidates:
+        args = (OPT_30B, 32, 1024, 32, c.gpu_batch_size, c.percent[0], c.percent[2], c.cpu_cache_compute)
+        assert fg.estimate_host_bytes(*args, pin_weight=True) > 112 * GIB >= fg.estimate_host_bytes(*args, False)
 
 
 def test_shrink_candidate_sets_the_overshoot_aside():
@@ -162,11 +172,21 @@ def test_bad_flags_are_one_line_exit_2(flags, message, capsys):
 def test_a_failed_search_still_prints_what_it_tried(tmp_path, capsys):
     out = tmp_path / "fg.json"
     code = fg.main(["--model", "opt-1.3b", "--batch", "8", "--gen-len", "4", "--gpu-budget-gib", "2", "--search",
-                    "--max-candidates", "1", "--host-mem-gib", "64", "--json-out", str(out)])
+                    "--max-candidates", "2", "--host-mem-gib", "64", "--json-out", str(out)])
     assert code == 1
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == json.loads(out.read_text())
     assert printed["error"].startswith("RuntimeError: every FlexGen candidate failed")
-    (tried,) = printed["search"]["tried"]
-    assert tried["error"]  # no CUDA (or no flexgen) here: the candidate's own error, not a traceback
+    tried = printed["search"]["tried"]
+    assert len(tried) == 2 and all(row["error"] for row in tried)  # no CUDA here: each candidate's own error
     assert printed["search"]["not_run"]
+
+
+def test_a_lone_candidate_runs_the_whole_workload(capsys):
+    # opt-1.3b at batch 1 fits a 4 GiB budget whole: one candidate, run once for all tokens (here it fails: no GPU)
+    assert fg.main(["--model", "opt-1.3b", "--gen-len", "4", "--gpu-budget-gib", "4", "--search",
+                    "--host-mem-gib", "64"]) == 1
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["error"].startswith("RuntimeError: the only candidate failed")
+    (row,) = printed["search"]["tried"]
+    assert row["gen_len"] == 4 and row["candidate"]["percent"] == [100, 0, 100, 0, 100, 0]
