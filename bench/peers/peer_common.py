@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -25,10 +26,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-try:
-    import liac  # noqa: F401  (installed, or on PYTHONPATH)
-except ImportError:  # run from a checkout where liac is not installed (the GPU machine): the repo root holds it
-    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if importlib.util.find_spec("liac") is None:  # a checkout where liac is not installed (the GPU machine): the repo
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # root holds it
 
 __all__ = ["GIB", "OptShapes", "base_parser", "positive_int", "positive_float", "opt_shapes", "random_token_ids",
            "PeerResult", "gpu_peak_bytes", "reset_gpu_peak", "write_json_atomic"]
