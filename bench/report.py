@@ -1,0 +1,257 @@
+"""Turn the H200 run's result folders (bench/h200.py's --out, one per device call) into the published results:
+one raw JSON file under bench/results/, docs/benchmarks.md with tables, and plots beside it.
+
+    python bench/report.py bench/results/h200-2026-11-29/call1 bench/results/h200-2026-11-29/call2 \
+        --json bench/results/h200-2026-11-29.json --md docs/benchmarks.md --figures docs/benchmarks
+
+Calibration is re-done here (it needs no GPU): `liac calibrate` fits the measured profile to the runs' metrics,
+once on every run (in-sample) and once on the prompt-128 runs only, judged on the prompt-1024 runs (held out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GIB = 2**30
+CONTENDER_ORDER = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu", "shipped-profile")
+LABELS = {"optimal": "liac (split)", "whole": "liac (whole sublayers)", "lia-cpu": "LIA all-CPU",
+          "lia-partial": "LIA partial (attention on CPU)", "lia-gpu": "LIA all-GPU (streamed)",
+          "shipped-profile": "liac, shipped h200-amx16 profile", "accelerate": "Accelerate (pageable)",
+          "accelerate-pinned": "Accelerate (pinned)", "flexgen": "FlexGen (best --percent)", "floor": "floor"}
+
+
+def _load(folder: Path, name: str, default=None):
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def collect(folders: list[Path]) -> dict:
+    """Every call's results, keyed by what they are; runs are tagged with their contender and point."""
+    runs, peers, floors, calls = [], [], {}, []
+    for folder in folders:
+        summary = _load(folder, "summary.json", {})
+        calls.append({"folder": folder.name, "boot_id": summary.get("boot_id"), "stages": summary.get("stages"),
+                      "skipped": summary.get("skipped", []), "argv": summary.get("argv")})
+        contender_of = {Path(e["plan"]).name: e for e in summary.get("runs_index", [])}
+        for run in (_load(folder, "runs.json", {}) or {}).get("runs", []):
+            entry = contender_of.get(Path(run["plan_file"]).name, {})
+            run = dict(run, contender=entry.get("contender", "?"), call=folder.name)
+            runs.append(run)
+        for peer in _load(folder, "peers.json", []) or []:
+            peers.append(dict(peer, call=folder.name))
+        for floor in _load(folder, "floor.json", []) or []:
+            floors[(floor["prompt_len"], floor["batch"])] = floor
+    return {"runs": runs, "peers": peers, "floors": floors, "calls": calls}
+
+
+def run_rows(data: dict) -> list[dict]:
+    """One row per finished run: point, contender, measured and predicted numbers."""
+    rows = []
+    for run in data["runs"]:
+        request = run["request"]
+        row = {"contender": run["contender"], "prompt_len": request["prompt_len"], "batch": request["batch_size"],
+               "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"]}
+        if "summary" in run:
+            row.update(prefill_ms=run["summary"]["prefill_ms"], decode_ms=run["summary"]["decode_ms_per_token"],
+                       tokens_per_second=run["summary"]["tokens_per_second"],
+                       peak_gib=(run["gpu"]["peak_reserved_bytes"] or 0) / GIB,
+                       predicted_prefill_ms=run["predicted"]["prefill_ms"],
+                       predicted_decode_ms=run["predicted"]["decode_ms_per_token"])
+        else:
+            row["missing"] = run.get("skipped") or run.get("error") or "no result"
+        rows.append(row)
+    return rows
+
+
+def peer_rows(data: dict) -> list[dict]:
+    rows = []
+    for peer in data["peers"]:
+        result = peer.get("result") or {}
+        command = peer["command"]
+        point = {"batch": int(command[command.index("--batch") + 1]),
+                 "prompt_len": int(command[command.index("--prompt-len") + 1])}
+        row = {"contender": peer["peer"], **point}
+        if result.get("decode_ms_per_token") is not None:
+            peak = result.get("peak_gpu_bytes") or result.get("gpu_peak") or {}
+            reserved = peak.get("reserved") if isinstance(peak, dict) else None
+            row.update(prefill_ms=result.get("prefill_ms"), decode_ms=result["decode_ms_per_token"],
+                       tokens_per_second=result.get("tokens_per_second"),
+                       peak_gib=(reserved or 0) / GIB if reserved else None, settings=result.get("settings"))
+        else:
+            row["missing"] = result.get("error") or peer.get("error") or f"exit {peer.get('returncode')}"
+        rows.append(row)
+    return rows
+
+
+def best(rows: list[dict], contender: str, prompt: int, batch: int) -> dict | None:
+    """The fastest finished row of a contender at a point (decode ms/token)."""
+    found = [r for r in rows if r["contender"] == contender and r["prompt_len"] == prompt and r["batch"] == batch
+             and "decode_ms" in r and r["decode_ms"] is not None]
+    return min(found, key=lambda r: r["decode_ms"]) if found else None
+
+
+def calibration(data: dict, profile: Path, plans_dirs: list[Path]) -> dict:
+    """In-sample and held-out calibration of the measured profile on the runs' metrics."""
+    sys.path.insert(0, str(ROOT))
+    from liac.calibrate import calibrate, load_measurements, report_data
+    from liac.profile import load_profile
+
+    base = load_profile(profile)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"all": [], "p128": [], "other": []}
+        for index, run in enumerate(data["runs"]):
+            if "metrics" not in run or run["contender"] == "shipped-profile":
+                continue
+            path = Path(tmp) / f"{index:03d}.json"
+            path.write_text(json.dumps(run["metrics"]))
+            files["all"].append(path)
+            files["p128" if run["request"]["prompt_len"] == 128 else "other"].append(path)
+        out = {}
+        if files["all"]:
+            runs = load_measurements(files["all"], plan_paths=plans_dirs, profile_steps=1)
+            result = calibrate(base, runs)
+            out["in_sample"] = report_data(result, base)
+        if files["p128"] and files["other"]:
+            fit = calibrate(base, load_measurements(files["p128"], plan_paths=plans_dirs, profile_steps=1))
+            held = load_measurements(files["other"], plan_paths=plans_dirs, profile_steps=1)
+            before = calibrate(base, held, max_evals=1)  # only to read the uncalibrated error on the held-out runs
+            from liac.calibrate import error_summary, predict_rows
+
+            rows = [row for run in held for row in run.rows]
+            out["held_out"] = {"fit_on": "prompt 128 runs", "judged_on": "prompt 1024 runs",
+                               "before": before.before,
+                               "after": error_summary(rows, predict_rows(held, fit.profile)),
+                               "factors": report_data(fit, base).get("factors")}
+        return out
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
+
+
+def markdown_tables(rows: list[dict], peers: list[dict], floors: dict) -> str:
+    """Per prompt length: one table per metric family, contenders as rows, batches as columns."""
+    lines = []
+    everyone = [*CONTENDER_ORDER, "accelerate", "accelerate-pinned", "flexgen"]
+    for prompt in sorted({r["prompt_len"] for r in rows}):
+        batches = sorted({r["batch"] for r in rows if r["prompt_len"] == prompt})
+        for metric, title in (("decode_ms", "decode ms/token"), ("tokens_per_second", "tokens/s"),
+                              ("prefill_ms", "prefill ms"), ("peak_gib", "peak GPU GiB (reserved)")):
+            lines.append(f"\n**Prompt {prompt}: {title}**\n")
+            lines.append("| contender | " + " | ".join(f"b={b}" for b in batches) + " |")
+            lines.append("|---|" + "---:|" * len(batches))
+            for contender in everyone:
+                source = rows if contender in CONTENDER_ORDER else peers
+                cells = []
+                for batch in batches:
+                    r = best(source, contender, prompt, batch)
+                    cells.append(_fmt(r.get(metric)) if r else "–")
+                if any(c != "–" for c in cells):
+                    lines.append(f"| {LABELS[contender]} | " + " | ".join(cells) + " |")
+            if metric in ("decode_ms", "tokens_per_second", "prefill_ms"):
+                key = {"decode_ms": ("decode_seconds_per_token", 1e3), "tokens_per_second": ("tokens_per_second", 1),
+                       "prefill_ms": ("prefill_seconds", 1e3)}[metric]
+                cells = [_fmt(floors[(prompt, b)][key[0]] * key[1]) if (prompt, b) in floors else "–"
+                         for b in batches]
+                lines.append("| floor | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def figures(rows: list[dict], peers: list[dict], floors: dict, folder: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for prompt in sorted({r["prompt_len"] for r in rows}):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        batches = sorted({r["batch"] for r in rows if r["prompt_len"] == prompt})
+        for contender in [*CONTENDER_ORDER, "accelerate", "accelerate-pinned", "flexgen"]:
+            source = rows if contender in CONTENDER_ORDER else peers
+            points = [(b, best(source, contender, prompt, b)) for b in batches]
+            points = [(b, r) for b, r in points if r]
+            if not points or contender == "shipped-profile":
+                continue
+            style = "-o" if contender in CONTENDER_ORDER else "--s"
+            axes[0].plot([b for b, _ in points], [r["decode_ms"] for _, r in points], style, label=LABELS[contender])
+            axes[1].plot([b for b, _ in points], [r["tokens_per_second"] for _, r in points], style,
+                         label=LABELS[contender])
+        fl = [(b, floors[(prompt, b)]) for b in batches if (prompt, b) in floors]
+        if fl:
+            axes[0].plot([b for b, _ in fl], [f["decode_seconds_per_token"] * 1e3 for _, f in fl], "k:",
+                         label="floor")
+            axes[1].plot([b for b, _ in fl], [f["tokens_per_second"] for _, f in fl], "k:", label="floor")
+        for ax, title in zip(axes, ("decode ms/token (lower is better)", "tokens/s (higher is better)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch")
+            ax.set_title(f"OPT-30B, prompt {prompt}: {title}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        name = f"decode-p{prompt}.png"
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        names.append(name)
+    measured = [r for r in rows if "decode_ms" in r and r.get("predicted_decode_ms")]
+    if measured:
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        for key, marker in (("decode", "o"), ("prefill", "^")):
+            xs = [r[f"predicted_{key}_ms"] for r in measured]
+            ys = [r[f"{key}_ms"] for r in measured]
+            ax.scatter(xs, ys, marker=marker, label=key, alpha=0.7)
+        lims = [min(min(r["predicted_decode_ms"], r["decode_ms"]) for r in measured) / 2,
+                max(max(r["predicted_prefill_ms"], r["prefill_ms"]) for r in measured) * 2]
+        ax.plot(lims, lims, "k:", label="predicted = measured")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("predicted ms (profile measured in the run, uncalibrated)")
+        ax.set_ylabel("measured ms")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(folder / "fidelity.png", dpi=110)
+        plt.close(fig)
+        names.append("fidelity.png")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("--json", required=True, type=Path, help="raw results file to write")
+    parser.add_argument("--figures", type=Path, help="folder for the plots (PNG)")
+    parser.add_argument("--tables", type=Path, help="write the Markdown tables here (docs/benchmarks.md embeds them)")
+    args = parser.parse_args(argv)
+    data = collect(args.folders)
+    rows, peers = run_rows(data), peer_rows(data)
+    profile = next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
+    plans = [f / "plans" for f in args.folders if (f / "plans").exists()]
+    calib = calibration(data, profile, plans) if profile else {}
+    out = {"calls": data["calls"], "runs": rows, "peers": peers,
+           "floors": [dict(v, prompt_len=k[0], batch=k[1]) for k, v in sorted(data["floors"].items())],
+           "calibration": calib}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.json}: {len(rows)} runs, {len(peers)} peer runs, {len(data['floors'])} floors")
+    if args.figures:
+        print("figures:", ", ".join(figures(rows, peers, data["floors"], args.figures)))
+    if args.tables:
+        args.tables.write_text(markdown_tables(rows, peers, data["floors"]))
+        print(f"wrote {args.tables}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
