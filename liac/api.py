@@ -27,6 +27,9 @@ __all__ = ["DEFAULT_PROFILE", "INDEX_NAME", "CompiledPoint", "CompileResult", "U
 
 DEFAULT_PROFILE = "h200-amx16"  # the project's own machine (liac/profiles/h200-amx16.yaml)
 INDEX_NAME = "index.yaml"
+# Plan format liac/v1 cannot express split sublayers, so plans are compiled over whole placements until the v2
+# switch (issue 6): the cost model and the ILP price splits already (liac.passes.costs.SPLIT_PERMILLE).
+_PLAN_SPLITS = False
 
 
 @dataclass(frozen=True)
@@ -186,14 +189,14 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     Raises:
         LiacError: bad input. InfeasibleError: no batch size has a plan that fits (one line naming the tier).
     """
-    from liac.passes.costs import TierBudgets, Workload, annotate_costs
+    from liac.passes.costs import SPLIT_PERMILLE, TierBudgets, Workload, annotate_costs
     from liac.passes.emit import emit_plan
     from liac.passes.ilp import SolverOptions, parse_policy, solve_placement
 
     cfg, profile = _resolve(model, hw)
     batches = tuple(batches)
     _check_workload(cfg, batches, prompt_len, gen_len, objective)
-    policy_name, _, _ = parse_policy(policy)
+    policy_name = parse_policy(policy).name
     if cxl_mem and profile.cxl_gib <= 0:
         raise LiacError("--cxl-mem", f"must be 0: hardware profile '{profile.name}' has no CXL memory")
     if not isinstance(prefetch_depth, int) or prefetch_depth < 1:
@@ -209,7 +212,8 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     options = SolverOptions(solver=solver, policy=policy)
     points, infeasible = [], []
     for batch in batches:
-        costs = annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets)
+        costs = annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets,
+                               split_permille=SPLIT_PERMILLE if _PLAN_SPLITS else ())
         try:
             assignment, report = solve_placement(costs, options)
         except InfeasibleError as e:
@@ -326,7 +330,7 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
     depth = max(spec.execution.prefetch_depth, 1)
     budgets = TierBudgets(spec.budgets.gpu_bytes, spec.budgets.cpu_bytes, spec.budgets.cxl_bytes, depth)
     work = Workload(spec.workload.batch_size, spec.workload.prompt_len, spec.workload.gen_len)
-    return annotate_costs(graph, profile, work, budgets)
+    return annotate_costs(graph, profile, work, budgets, split_permille=())
 
 
 def unit_prices(plan: OffloadPlan, costs=None, hw=None, graph=None) -> list[UnitPrice]:

@@ -8,6 +8,11 @@ so any solve can be replayed without a model. `layer_seconds` combines the numbe
 placement (Eqs. 4-8 of docs/cost-model.md); the ILP and the plan's predicted costs both call it, so a price has
 exactly one home.
 
+A weight GEMM unit may also be *split*: the CPU computes a share of its output features from the weights' tier
+while the GPU computes the rest from streamed weights (Eqs. 15-17). The CostGraph prices each such unit at every
+CPU share of its grid (`split_permille`), and `layer_seconds` takes per-unit GPU shares, 0/1 being whole
+placements.
+
 Every price is a small function of (op kind, bytes, FLOPs, profile) below; there are no per-model tables.
 Decode is priced at each of the gen_len steps (C grows by one per step) and summed exactly.
 
@@ -29,9 +34,9 @@ from liac.profile import GB, HardwareProfile
 from liac.schema_tools import from_data, to_data
 
 __all__ = [
-    "TIERS", "DEVICES", "OPERANDS", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts", "PhaseCosts",
-    "ClassCosts", "CostGraph", "annotate_costs", "node_seconds", "cpu_throughput_rows", "experts_touched",
-    "transfer_seconds", "layer_seconds", "placement_masks", "unit_breakdown",
+    "TIERS", "DEVICES", "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts",
+    "PhaseCosts", "ClassCosts", "CostGraph", "annotate_costs", "node_seconds", "cpu_throughput_rows",
+    "experts_touched", "transfer_seconds", "splittable", "layer_seconds", "placement_masks", "unit_breakdown",
 ]
 
 TIERS = ("hbm", "ddr", "cxl")
@@ -39,6 +44,12 @@ DEVICES = ("cpu", "gpu")
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
 OPERANDS = ("weights", "kv", "none")
 _ATTENTION = ("attention_score", "softmax", "attention_context")
+# The default grid of CPU shares (permille of a unit's output features) a split unit is priced at (Eq. 15): steps of
+# 1/20. The optimum of one split unit balances its CPU part against the stream (Eq. 17), so a step of 5 % of one
+# unit's bytes is within a few percent of a layer's continuous optimum, at 19 prices per unit.
+SPLIT_PERMILLE = tuple(range(50, 1000, 50))
+# Node kinds a splittable unit may hold: its one weight GEMM and the element-wise ops around it.
+_SPLIT_KINDS = ("linear", "norm", "activation", "rope", "add")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -77,6 +88,11 @@ class UnitCosts:
         cpu_read_bytes: bytes the CPU reads from the operand's tier when it computes there (Eq. 6).
         kv_to_gpu_seconds: writing its new K, V from the CPU into an HBM KV cache (Eq. 3).
         kv_to_host_seconds: writing its new K, V from the GPU into a DDR/CXL KV cache (Eq. 3).
+        split_cpu_seconds: [grid point][tier][step], the CPU part of a split at CPU share
+            `CostGraph.split_permille[k]` / 1000 (Eq. 15); empty when the unit cannot split.
+        split_gpu_seconds: [grid point][step], the GPU part (the rest of the output features) (Eq. 15).
+        split_stream_bytes: [grid point][step], bytes the GPU part streams when the weights are off HBM (Eq. 16).
+        split_cpu_read_bytes: [grid point][step], bytes the CPU part reads from the weights' tier (Eq. 16).
     """
 
     name: str
@@ -87,6 +103,14 @@ class UnitCosts:
     cpu_read_bytes: tuple[float, ...]
     kv_to_gpu_seconds: tuple[float, ...]
     kv_to_host_seconds: tuple[float, ...]
+    split_cpu_seconds: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    split_gpu_seconds: tuple[tuple[float, ...], ...] = ()
+    split_stream_bytes: tuple[tuple[float, ...], ...] = ()
+    split_cpu_read_bytes: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def can_split(self) -> bool:
+        return bool(self.split_gpu_seconds)
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,8 @@ class CostGraph:
     ddr_shared_gb_per_s: float  # Eq. 6
     classes: tuple[ClassCosts, ...]
     tied_weight_bytes: int = 0  # weights the embed and head units share (a tied LM head): stored once per tier
+    split_permille: tuple[int, ...] = ()  # CPU shares (permille) split units are priced at; () = no splits
+    pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
 
     def layer_class(self, name: str) -> ClassCosts:
         for costs in self.classes:
@@ -193,28 +219,48 @@ def _weights_touched(sub: Sublayer, batch: int, query: int) -> float:
     return float(sub.weight_bytes)
 
 
-def _activation_bytes(sub: Sublayer, point: tuple[int, int, int], weights_touched: float) -> float:
-    """Activation bytes a node reads and writes: its fused traffic less weights and KV (an embedding's
-    `bytes_read` counts the rows it looks up, every other node's counts its whole weights)."""
+def _activation_bytes(sub: Sublayer, point: tuple[int, int, int], weights_touched: float) -> tuple[float, float]:
+    """(input, output) activation bytes of a node: its fused reads less weights and KV, and its writes (an
+    embedding's `bytes_read` counts the rows it looks up, every other node's counts its whole weights)."""
     weights_read = weights_touched if sub.kind == "embedding" else sub.weight_bytes
-    return max(0.0, sub.bytes_read(*point) - weights_read - sub.kv_read(*point)) + sub.bytes_written(*point)
+    return max(0.0, sub.bytes_read(*point) - weights_read - sub.kv_read(*point)), float(sub.bytes_written(*point))
+
+
+def _shared_terms(sub: Sublayer, share, flops: float, weights: float, a_in: float, a_out: float):
+    """What part of a node one device does when it computes `share` of its unit's output features (Eq. 15).
+
+    The weight GEMM: that share of its FLOPs, weights and output, all of its input. A norm before it: all of it
+    (each device normalises the whole input it multiplies). Element-wise ops on the output (activation, RoPE, the
+    residual add): that share of everything.
+    """
+    if sub.kind == "linear":
+        return flops * share, weights * share, a_in, a_out * share
+    if sub.kind == "norm":
+        return flops, weights, a_in, a_out
+    return flops * share, weights * share, a_in * share, a_out * share
 
 
 def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple[int, int, int],
-                 hw: HardwareProfile) -> float:
+                 hw: HardwareProfile, share=1.0):
     """Roofline time of one node (one kernel) on `device`, its operand in `tier` (Eq. 1).
 
-    max(FLOPs / throughput, Σ bytes / bandwidth of where they are read from) + launch overhead.
+    max(FLOPs / throughput, Σ bytes / bandwidth of where they are read from) + launch overhead. With `share` < 1
+    (a float or an array of them), the node's part in a split unit that computes that share of the output features
+    on `device` (Eq. 15).
     """
     batch, query, context = point
-    flops = sub.flops(*point)
+    flops = float(sub.flops(*point))
     weights = _weights_touched(sub, batch, query)
-    kv = sub.kv_read(*point)
-    activations = _activation_bytes(sub, point, weights)
+    kv = float(sub.kv_read(*point))
+    a_in, a_out = _activation_bytes(sub, point, weights)
+    if not (np.isscalar(share) and share == 1.0):
+        flops, weights, a_in, a_out = _shared_terms(sub, np.asarray(share, dtype=np.float64), flops, weights,
+                                                    a_in, a_out)
+    activations = a_in + a_out
     if device == "gpu":
         # Streamed operands are staged into HBM first (Eq. 5), so the kernel always reads HBM.
-        return max(flops / (hw.gpu_bf16_tflops * 1e12),
-                   (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
+        return np.maximum(flops / (hw.gpu_bf16_tflops * 1e12),
+                          (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
     if tier == "cxl" and hw.cxl_gb_per_s <= 0:
         tier = "ddr"  # a profile without CXL never offers the tier (CostGraph.tiers); keep the row finite
     weight_rate = hw.cxl_gb_per_s if tier == "cxl" else hw.cpu_ddr_read_gb_per_s
@@ -222,10 +268,15 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     kv_rate = hw.cpu_kv_read_gb_per_s
     if phase == "decode" and tier == "cxl":
         kv_rate = min(hw.cxl_gb_per_s, hw.cpu_kv_read_gb_per_s)
-    memory_seconds = (weights / (weight_rate * GB) if weights else 0.0) + kv / (kv_rate * GB) \
-        + activations / (hw.cpu_ddr_read_gb_per_s * GB)
+    memory_seconds = weights / (weight_rate * GB) + kv / (kv_rate * GB) + activations / (hw.cpu_ddr_read_gb_per_s * GB)
     rows = cpu_throughput_rows(sub, batch, query)
-    return max(flops / (hw.cpu_tflops_at(rows) * 1e12), memory_seconds) + hw.cpu_launch_seconds
+    return np.maximum(flops / (hw.cpu_tflops_at(rows) * 1e12), memory_seconds) + hw.cpu_launch_seconds
+
+
+def splittable(subs: list[Sublayer]) -> bool:
+    """Whether a unit may split its output features between the CPU and the GPU: it has exactly one weight GEMM
+    (kind 'linear') and otherwise only the element-wise ops around it (not embeddings, attention, MoE)."""
+    return (sum(s.kind == "linear" for s in subs) == 1 and all(s.kind in _SPLIT_KINDS for s in subs))
 
 
 def transfer_seconds(nbytes: float, rate_gb_per_s: float, hw: HardwareProfile) -> float:
@@ -258,23 +309,24 @@ def _operand(subs: list[Sublayer]) -> str:
     return "none"
 
 
-def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, points, hw: HardwareProfile) -> UnitCosts:
+def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, points, hw: HardwareProfile,
+                split_permille: tuple[int, ...]) -> UnitCosts:
     cpu = []
     for tier in TIERS:
         row = []
         for point in points:
-            row.append(sum(node_seconds(s, "cpu", tier, phase, point, hw) for s in subs))
+            row.append(float(sum(node_seconds(s, "cpu", tier, phase, point, hw) for s in subs)))
         cpu.append(tuple(row))
-    gpu = tuple(sum(node_seconds(s, "gpu", "hbm", phase, p, hw) for s in subs) for p in points)
+    gpu = tuple(float(sum(node_seconds(s, "gpu", "hbm", phase, p, hw) for s in subs)) for p in points)
     stream, cpu_read, kv_up, kv_down = [], [], [], []
     for batch, query, context in points:
         point = (batch, query, context)
         weights = sum(_weights_touched(s, batch, query) for s in subs)
         kv = sum(s.kv_read(*point) for s in subs)
         if operand == "weights":
-            operand_bytes = weights
+            operand_bytes = float(weights)
         elif operand == "kv" and phase == "decode":
-            operand_bytes = kv  # decode attention reads the cache where it lives; prefill reads fresh K, V
+            operand_bytes = float(kv)  # decode attention reads the cache where it lives; prefill reads fresh K, V
         else:
             operand_bytes = 0.0
         stream.append(operand_bytes)
@@ -283,9 +335,44 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
         kv_up.append(transfer_seconds(written, hw.pcie_h2d_gb_per_s, hw))
         kv_down.append(transfer_seconds(written, hw.pcie_d2h_gb_per_s, hw))
     allows_hbm = operand == "none" or (operand == "kv" and phase == "prefill")
+    split = {}
+    if split_permille and operand == "weights" and splittable(subs):
+        split = _split_costs(subs, phase, points, hw, split_permille)
     return UnitCosts(name=name, cpu_seconds=tuple(cpu), cpu_allows_hbm=allows_hbm, gpu_seconds=gpu,
                      stream_bytes=tuple(stream), cpu_read_bytes=tuple(cpu_read), kv_to_gpu_seconds=tuple(kv_up),
-                     kv_to_host_seconds=tuple(kv_down))
+                     kv_to_host_seconds=tuple(kv_down), **split)
+
+
+def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,
+                 split_permille: tuple[int, ...]) -> dict:
+    """The split prices of a splittable unit at every CPU share of the grid (Eqs. 15-16), as UnitCosts fields.
+
+    Bytes: the GPU part streams the GEMM weights' GPU share and the whole of the other (norm) weights; the CPU
+    computes features [0, r) with r = N·permille // 1000, which leaves the GPU less than one feature more than its
+    share: two weight rows (a fused gate/up projection moves a gate row and an up row per feature) bound it, so
+    the staging buffer never comes out short. The CPU part reads its share of the GEMM weights and the norm's.
+    """
+    cpu_share = np.asarray(split_permille, dtype=np.float64) / 1000.0
+    gemm = next(s for s in subs if s.kind == "linear")
+    gemm_bytes = float(gemm.weight_bytes)
+    rows = gemm.weights[0].shape[0] if gemm.weights else 1
+    other_bytes = float(sum(s.weight_bytes for s in subs if s.kind != "linear"))
+    stream = (1.0 - cpu_share) * gemm_bytes + 2.0 * gemm_bytes / rows + other_bytes
+    read = cpu_share * gemm_bytes + other_bytes
+    cpu = np.zeros((len(split_permille), len(TIERS), len(points)))
+    gpu = np.zeros((len(split_permille), len(points)))
+    for step, point in enumerate(points):
+        for tier_index, tier in enumerate(TIERS):
+            cpu[:, tier_index, step] = sum(node_seconds(s, "cpu", tier, phase, point, hw, cpu_share) for s in subs)
+        gpu[:, step] = sum(node_seconds(s, "gpu", "hbm", phase, point, hw, 1.0 - cpu_share) for s in subs)
+
+    def nested(array):
+        return tuple(nested(a) for a in array) if array.ndim > 1 else tuple(float(v) for v in array)
+
+    steps = len(points)
+    return {"split_cpu_seconds": nested(cpu), "split_gpu_seconds": nested(gpu),
+            "split_stream_bytes": nested(np.repeat(stream[:, None], steps, axis=1)),
+            "split_cpu_read_bytes": nested(np.repeat(read[:, None], steps, axis=1))}
 
 
 def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> list[tuple[int, int, object]]:
@@ -315,8 +402,8 @@ def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> li
     return edges
 
 
-def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload,
-                   budgets: TierBudgets) -> CostGraph:
+def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload, budgets: TierBudgets,
+                   split_permille: tuple[int, ...] = SPLIT_PERMILLE) -> CostGraph:
     """SublayerGraph[traced] + HardwareProfile → CostGraph.
 
     Args:
@@ -324,14 +411,18 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         hw: the hardware profile.
         workload: batch size, prompt and generation lengths.
         budgets: bytes per tier the plan may use, and the prefetch depth.
+        split_permille: CPU shares (permille, each 1..999) to price split units at; () prices no splits.
 
     Returns:
         The CostGraph (stage 'costed'): prices for every unit, device, tier, phase and step.
 
     Raises:
-        ValueError: the graph is not at stage 'traced'.
+        ValueError: the graph is not at stage 'traced', or a split share is outside 1..999.
     """
     require_stage(graph, "traced", "annotate_costs")
+    split_permille = tuple(sorted({int(p) for p in split_permille}))
+    if any(not 0 < p < 1000 for p in split_permille):
+        raise ValueError(f"split shares must be permille in 1..999, got {split_permille}")
     embed_weights = {w.name for s in graph.sublayers("embed") for w in s.weights}
     shares = graph.graph.get("tied_weights", {})  # head weight name → the embedding weight it shares storage with
     tied = {w.name: w.nbytes for s in graph.sublayers("head") for w in s.weights
@@ -354,7 +445,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         workspace = 0.0
         for phase in PHASES:
             points = _points(layer_class, phase, workload)
-            unit_costs = tuple(_unit_costs(u, by_unit[u], operands[i], phase, points, hw)
+            unit_costs = tuple(_unit_costs(u, by_unit[u], operands[i], phase, points, hw, split_permille)
                                for i, u in enumerate(units))
             edge_costs = tuple(
                 EdgeCosts(src=src, dst=dst,
@@ -376,7 +467,9 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
     return CostGraph(model=str(graph.graph.get("model", {}).get("name", "model")), profile=hw.name,
                      profile_sha256=hw.sha256(), workload=workload, budgets=budgets,
                      h2d_gb_per_s=hw.pcie_h2d_gb_per_s, cxl_stream_gb_per_s=cxl_stream,
-                     ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes), tied_weight_bytes=sum(tied.values()))
+                     ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes),
+                     tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
+                     pcie_latency_seconds=hw.pcie_latency_seconds)
 
 
 def _workspace_bytes(subs: list[Sublayer], points) -> float:
@@ -384,12 +477,12 @@ def _workspace_bytes(subs: list[Sublayer], points) -> float:
     peak = 0.0
     for point in points:
         for s in subs:
-            peak = max(peak, _activation_bytes(s, point, _weights_touched(s, point[0], point[1])))
+            peak = max(peak, sum(_activation_bytes(s, point, _weights_touched(s, point[0], point[1]))))
     return peak
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Combining prices into a layer's time (Eqs. 4-8), vectorised over placements
+# Combining prices into a layer's time (Eqs. 4-8, 15-17), vectorised over placements
 
 
 def placement_masks(num_units: int) -> np.ndarray:
@@ -398,59 +491,104 @@ def placement_masks(num_units: int) -> np.ndarray:
     return ((codes[:, None] >> np.arange(num_units)[None, :]) & 1).astype(np.int8)
 
 
+def _partial(seconds, fraction: np.ndarray, latency: float) -> np.ndarray:
+    """[P, steps] seconds of copying `fraction` [P] of a transfer that takes `seconds` [steps] whole (Eqs. 2, 17):
+    the bytes scale, the fixed latency does not; nothing copied costs nothing."""
+    seconds = np.asarray(seconds, dtype=np.float64)[None, :]
+    fraction = fraction[:, None]
+    moved = (fraction > 0) & (seconds > 0)
+    return np.where(moved, fraction * (seconds - latency) + latency, 0.0)
+
+
+def _cpu_permille(shares: np.ndarray) -> np.ndarray:
+    """GPU shares [P, U] (1 = all on the GPU) → the CPU's permille of each unit's output features."""
+    return np.rint((1.0 - shares) * 1000.0).astype(np.int64)
+
+
+def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int):
+    """Per distinct CPU permille in `permille` [O]: (compute seconds [O, steps] (Eqs. 1, 15), streamed bytes
+    [O, steps], bytes the CPU reads from the tier [O, steps], allowed [O])."""
+    tier_index = TIERS.index(tier)
+    compute = np.zeros((permille.size, steps))
+    stream = np.zeros((permille.size, steps))
+    read = np.zeros((permille.size, steps))
+    ok = np.ones(permille.size, dtype=bool)
+    grid = {p: k for k, p in enumerate(costs.split_permille)}
+    for option, value in enumerate(permille):
+        if value == 0:
+            compute[option] = unit.gpu_seconds
+            stream[option] = unit.stream_bytes
+        elif value == 1000:
+            compute[option] = unit.cpu_seconds[tier_index]
+            read[option] = unit.cpu_read_bytes
+            ok[option] = tier != "hbm" or unit.cpu_allows_hbm
+        elif unit.can_split and int(value) in grid:
+            k = grid[int(value)]
+            # Eq. 15: both parts run at once; the unit is done when the slower one is
+            compute[option] = np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
+            stream[option] = unit.split_stream_bytes[k]
+            read[option] = unit.split_cpu_read_bytes[k]
+            ok[option] = tier in ("ddr", "cxl")  # a split reads its CPU share from DDR/CXL, never from HBM
+        elif unit.can_split:
+            raise ValueError(f"unit '{unit.name}' is priced at CPU shares {costs.split_permille} permille, not {value}")
+        else:
+            ok[option] = False  # this unit cannot split
+    return compute, stream, read, ok
+
+
 def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
-                  masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement in `masks`.
 
     Args:
-        costs: the cost graph (for the link rates of Eqs. 5-6).
+        costs: the cost graph (for the link rates of Eqs. 5-6 and the split grid).
         cls: the layer class.
         phase: 'prefill' or 'decode'.
         tiers: per unit, the tier of its operand (weights tier, or the KV tier for attention units).
-        masks: [P, U] placements, 1 = GPU.
+        masks: [P, U] placements: per unit its GPU share, 1 = GPU, 0 = CPU, and in between a split whose CPU
+            share 1 − mask (in permille) is one of `costs.split_permille`.
 
     Returns:
         (seconds [P], staging bytes [P] = most bytes streamed in one step (Eq. 9), valid [P] bool,
         chain seconds [P] (the sequential part alone: breaks ties between placements the max() makes equal)).
     """
     pc = cls.phase(phase)
-    masks = np.asarray(masks, dtype=np.float64)
-    num = masks.shape[0]
-    if pc.steps == 0:  # gen_len 1: no decode step
-        valid = np.ones(num, dtype=bool)
-        for index, unit in enumerate(pc.units):
-            if tiers[index] == "hbm" and not unit.cpu_allows_hbm:
-                valid &= masks[:, index] == 1
-        return np.zeros(num), np.zeros(num), valid, np.zeros(num)
-    chain = np.zeros((num, pc.steps))
-    stream_ddr = np.zeros((num, pc.steps))
-    stream_cxl = np.zeros((num, pc.steps))
-    cpu_ddr = np.zeros((num, pc.steps))
+    shares = np.asarray(masks, dtype=np.float64)
+    num = shares.shape[0]
+    permille = _cpu_permille(shares)
+    steps = max(pc.steps, 1)  # gen_len 1: no decode step; validity is still checked
+    chain = np.zeros((num, steps))
+    stream_ddr = np.zeros((num, steps))
+    stream_cxl = np.zeros((num, steps))
+    cpu_ddr = np.zeros((num, steps))
     valid = np.ones(num, dtype=bool)
+    latency = costs.pcie_latency_seconds
     kv_tier = next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
     for index, unit in enumerate(pc.units):
-        on_gpu = masks[:, index:index + 1]
-        tier = tiers[index]
-        tier_index = TIERS.index(tier)
-        if tier == "hbm" and not unit.cpu_allows_hbm:
-            valid &= masks[:, index] == 1
-        cpu = np.asarray(unit.cpu_seconds[tier_index])[None, :]
-        chain += on_gpu * np.asarray(unit.gpu_seconds)[None, :] + (1 - on_gpu) * cpu  # Eq. 1
-        sb = np.asarray(unit.stream_bytes)[None, :]
-        if tier == "ddr":
-            stream_ddr += on_gpu * sb
-            cpu_ddr += (1 - on_gpu) * np.asarray(unit.cpu_read_bytes)[None, :]
-        elif tier == "cxl":
-            stream_cxl += on_gpu * sb
-        if kv_tier is not None:  # Eq. 3: new K, V go to the KV tier's side of PCIe
+        values, inverse = np.unique(permille[:, index], return_inverse=True)
+        if pc.steps == 0:
+            _, _, _, ok = _unit_options(costs, unit, tiers[index], values, 0)
+            valid &= ok[inverse]
+            continue
+        compute, stream, read, ok = _unit_options(costs, unit, tiers[index], values, steps)
+        valid &= ok[inverse]
+        chain += compute[inverse]  # Eqs. 1, 15
+        if tiers[index] == "ddr":
+            stream_ddr += stream[inverse]
+            cpu_ddr += read[inverse]
+        elif tiers[index] == "cxl":
+            stream_cxl += stream[inverse]
+        if kv_tier is not None:  # Eq. 3: new K, V go to the KV tier's side of PCIe (a split: its parts' shares)
             if kv_tier == "hbm":
-                chain += (1 - on_gpu) * np.asarray(unit.kv_to_gpu_seconds)[None, :]
+                chain += _partial(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
             else:
-                chain += on_gpu * np.asarray(unit.kv_to_host_seconds)[None, :]
-    for edge in pc.edges:  # Eq. 2: an activation crosses PCIe when its two units sit on different devices
-        src, dst = masks[:, edge.src:edge.src + 1], masks[:, edge.dst:edge.dst + 1]
-        chain += (1 - src) * dst * np.asarray(edge.h2d_seconds)[None, :]
-        chain += src * (1 - dst) * np.asarray(edge.d2h_seconds)[None, :]
+                chain += _partial(unit.kv_to_host_seconds, shares[:, index], latency)
+    if pc.steps == 0:
+        return np.zeros(num), np.zeros(num), valid, np.zeros(num)
+    for edge in pc.edges:  # Eqs. 2, 17: each device computing part of dst needs the parts of src it lacks
+        src, dst = shares[:, edge.src], shares[:, edge.dst]
+        chain += _partial(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
+        chain += _partial(edge.d2h_seconds, src * (dst < 1), latency)
     t_stream = stream_ddr / (costs.h2d_gb_per_s * GB) + stream_cxl / (costs.cxl_stream_gb_per_s * GB)  # Eq. 5
     t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
     step_seconds = np.maximum(chain, np.maximum(t_stream, t_shared))  # Eq. 7
@@ -459,33 +597,40 @@ def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[st
 
 
 def unit_breakdown(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
-                   placement: tuple[int, ...]) -> list[tuple[str, str, float, float, float]]:
+                   placement: tuple[float, ...]) -> list[tuple[str, str, float, float, float]]:
     """Per unit: (name, device, compute s, transfer s, stream s), each the mean over the phase's steps.
 
-    Transfers are charged to the unit that receives the activation (and KV writes to the unit that writes them);
-    stream seconds are the unit's streamed bytes at the link rate (overlapped with compute, Eq. 7).
+    `placement` gives each unit's GPU share (1 = GPU, 0 = CPU, in between a split: device 'split', compute the
+    slower of its two parts). Transfers are charged to the unit that receives the activation (and KV writes to
+    the unit that writes them); stream seconds are the unit's streamed bytes at the link rate (overlapped with
+    compute, Eq. 7).
     """
     pc = cls.phase(phase)
+    shares = np.asarray(placement, dtype=np.float64)[None, :]
+    permille = _cpu_permille(shares)[0]
+    latency = costs.pcie_latency_seconds
     kv_tier = next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
     out = []
     for index, unit in enumerate(pc.units):
-        on_gpu = placement[index] == 1
-        tier = tiers[index]
+        value = int(permille[index])
+        device = {0: "gpu", 1000: "cpu"}.get(value, "split")
         if pc.steps == 0:
-            out.append((unit.name, "gpu" if on_gpu else "cpu", 0.0, 0.0, 0.0))
+            out.append((unit.name, device, 0.0, 0.0, 0.0))
             continue
-        compute = np.mean(unit.gpu_seconds if on_gpu else unit.cpu_seconds[TIERS.index(tier)])
-        transfer = 0.0
-        if kv_tier == "hbm" and not on_gpu:
-            transfer += float(np.mean(unit.kv_to_gpu_seconds))
-        elif kv_tier not in (None, "hbm") and on_gpu:
-            transfer += float(np.mean(unit.kv_to_host_seconds))
+        compute, stream_bytes, _, _ = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
+        transfer = np.zeros((1, pc.steps))
+        if kv_tier == "hbm":
+            transfer += _partial(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
+        elif kv_tier is not None:
+            transfer += _partial(unit.kv_to_host_seconds, shares[:, index], latency)
         for edge in pc.edges:
-            if edge.dst == index and placement[edge.src] != placement[index]:
-                transfer += float(np.mean(edge.h2d_seconds if on_gpu else edge.d2h_seconds))
+            if edge.dst == index:
+                src, dst = shares[:, edge.src], shares[:, edge.dst]
+                transfer += _partial(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
+                transfer += _partial(edge.d2h_seconds, src * (dst < 1), latency)
         stream = 0.0
-        if on_gpu and tier in ("ddr", "cxl"):
-            rate = costs.h2d_gb_per_s if tier == "ddr" else costs.cxl_stream_gb_per_s
-            stream = float(np.mean(unit.stream_bytes)) / (rate * GB)
-        out.append((unit.name, "gpu" if on_gpu else "cpu", float(compute), transfer, stream))
+        if value < 1000 and tiers[index] in ("ddr", "cxl"):
+            rate = costs.h2d_gb_per_s if tiers[index] == "ddr" else costs.cxl_stream_gb_per_s
+            stream = float(np.mean(stream_bytes)) / (rate * GB)
+        out.append((unit.name, device, float(np.mean(compute)), float(np.mean(transfer)), stream))
     return out

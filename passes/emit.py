@@ -25,7 +25,7 @@ from liac.plan import Workload as PlanWorkload
 
 __all__ = ["emit_plan", "plan_name", "placement_string"]
 
-_DEVICE = {0: "cpu", 1: "gpu"}
+_DEVICE = {1000: "cpu", 0: "gpu"}  # CPU permille of a whole placement → device
 
 
 def plan_name(model: str, profile: str, batch: int, prompt_len: int, gen_len: int, policy: str) -> str:
@@ -34,14 +34,20 @@ def plan_name(model: str, profile: str, batch: int, prompt_len: int, gen_len: in
     return name if policy == "optimal" else f"{name}.{policy.replace('/', '+')}"
 
 
-def placement_string(placement: tuple[int, ...]) -> str:
-    """(0, 1, 1) → 'CGG': one letter per unit, C = CPU, G = GPU."""
-    return "".join("G" if on_gpu else "C" for on_gpu in placement)
+def placement_string(cpu_permille: tuple[int, ...]) -> str:
+    """(1000, 0, 400) → 'CGS': one letter per unit, C = CPU, G = GPU, S = split between them."""
+    return "".join("C" if p == 1000 else "G" if p == 0 else "S" for p in cpu_permille)
 
 
 def _order_key(config: LayerConfig):
-    return (-config.hbm_bytes, -sum(config.decode), -sum(config.prefill), config.weights, config.kv_cache,
-            config.prefill, config.decode)
+    return (-config.hbm_bytes, sum(config.decode_cpu_permille), sum(config.prefill_cpu_permille), config.weights,
+            config.kv_cache, config.prefill_cpu_permille, config.decode_cpu_permille)
+
+
+def _device(cpu_permille: int) -> str:
+    if cpu_permille not in _DEVICE:  # plan format v1 has no split sublayers; compile_plans prices none for it
+        raise ValueError(f"plan {API_VERSION} cannot express a split sublayer ({cpu_permille} permille on the CPU)")
+    return _DEVICE[cpu_permille]
 
 
 def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cfg: ModelConfig,
@@ -68,14 +74,15 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
         for position, (config, count) in enumerate(entries):
             group = name if name != "decoder" else f"decoder-{position}"
             tiers = unit_tiers(cls, config.weights, config.kv_cache)
-            sublayers = tuple(SublayerPlacement(name=unit, prefill=_DEVICE[config.prefill[i]],
-                                                decode=_DEVICE[config.decode[i]], weights=config.weights[i])
+            sublayers = tuple(SublayerPlacement(name=unit, prefill=_device(config.prefill_cpu_permille[i]),
+                                                decode=_device(config.decode_cpu_permille[i]),
+                                                weights=config.weights[i])
                               for i, unit in enumerate(cls.units))
             groups.append(LayerGroup(name=group, layer_class=name, first_layer=first, layer_count=count,
                                      kv_cache=config.kv_cache, sublayers=sublayers))
             first += count
             for phase in ("prefill", "decode"):
-                placement = config.prefill if phase == "prefill" else config.decode
+                placement = config.gpu_shares(phase)
                 seconds, _, _, _ = layer_seconds(costs, cls, phase, tiers, np.array([placement]))
                 if phase == "prefill":
                     prefill_seconds += float(seconds[0]) * count

@@ -145,6 +145,77 @@ def test_layer_time_is_the_max_of_chain_stream_and_shared_ddr():
         assert staging[0] == pytest.approx(most)
 
 
+def test_fc1_split_parts_by_hand():
+    """A split fc1 at decode B=2 (Eq. 15): each device normalises the whole input, computes its share of the
+    GEMM's FLOPs, weights and outputs, and applies ReLU to its share; the GPU part streams its share of the GEMM's
+    weights plus two rows of slack and the whole norm (Eq. 16)."""
+    B = 2
+    costs = annotate_costs(hand_graph(TINY), HW, Workload(B, 8, 4), BUDGETS, split_permille=(250, 600))
+    assert costs.split_permille == (250, 600)
+    fc1 = unit(costs, "decoder", "decode", "fc1")
+    x, h = B * D * 2, B * F * 2
+    norm_w, lin_w = 2 * D * 2, (F * D + F) * 2
+    amx = (0.4 + math.log(2) / math.log(16) * 6.0) * 1e12
+    ddr, lam = HW.cpu_ddr_read_gb_per_s * GB, HW.cpu_launch_seconds
+    for k, permille in enumerate((250, 600)):
+        f, g = permille / 1000, 1 - permille / 1000
+        cpu = (max(5 * B * D / amx, norm_w / ddr + 2 * x / ddr) + lam
+               + max(2 * B * D * F * f / amx, f * lin_w / ddr + (x + f * h) / ddr) + lam
+               + max(B * F * f / amx, 2 * h * f / ddr) + lam)
+        gpu = roof_gpu(5 * B * D, norm_w + 2 * x) + roof_gpu(2 * B * D * F * g, g * lin_w + x + g * h) \
+            + roof_gpu(B * F * g, 2 * h * g)
+        assert fc1.split_cpu_seconds[k][1][0] == pytest.approx(cpu, rel=1e-12)
+        assert fc1.split_gpu_seconds[k][0] == pytest.approx(gpu, rel=1e-12)
+        assert fc1.split_stream_bytes[k][0] == pytest.approx(g * lin_w + 2 * lin_w / F + norm_w, rel=1e-12)
+        assert fc1.split_cpu_read_bytes[k][0] == pytest.approx(f * lin_w + norm_w, rel=1e-12)
+    # only weight GEMM units split: not attention, not the embedding; the LM head does
+    assert not unit(costs, "decoder", "decode", "attn_score").can_split
+    assert not unit(costs, "embed", "decode", "embed").can_split
+    assert unit(costs, "head", "decode", "lm_head").can_split
+    assert not unit(annotate_costs(hand_graph(TINY), HW, Workload(B, 8, 4), BUDGETS, split_permille=()),
+                    "decoder", "decode", "fc1").can_split
+    with pytest.raises(ValueError, match="permille in 1..999"):
+        annotate_costs(hand_graph(TINY), HW, Workload(B, 8, 4), BUDGETS, split_permille=(0, 500))
+
+
+def test_split_layer_time_by_hand():
+    """Eqs. 15-17 on CCCC[S]G (fc1 split, 600 permille on the CPU), KV and weights in DDR: the split unit takes
+    the slower of its parts; an activation crossing to a split unit's GPU part moves whole, one leaving a split
+    unit moves only the other device's share (its bytes scale, the latency does not)."""
+    costs = annotate_costs(hand_graph(TINY), HW, Workload(4, 8, 4), BUDGETS, split_permille=(600,))
+    dec = costs.layer_class("decoder")
+    tiers = ("ddr",) * 6
+    shares = (0.0, 0.0, 0.0, 0.0, 0.4, 1.0)  # GPU shares: fc1 is 40 % on the GPU, fc2 on the GPU
+    seconds, staging, valid, _ = layer_seconds(costs, dec, "decode", tiers, np.array([shares]))
+    pc, lat = dec.decode, HW.pcie_latency_seconds
+    idx = {name: i for i, name in enumerate(dec.units)}
+
+    def edge(a, b):
+        return next(e for e in pc.edges if (e.src, e.dst) == (idx[a], idx[b]))
+
+    total = most = 0.0
+    for t in range(pc.steps):
+        u = pc.units
+        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t])
+        chain = sum(u[i].cpu_seconds[1][t] for i in range(4)) + fc1 + u[5].gpu_seconds[t]
+        chain += edge("out_proj", "fc1").h2d_seconds[t]  # CPU → the split fc1's GPU part: all of it
+        chain += 0.6 * (edge("fc1", "fc2").h2d_seconds[t] - lat) + lat  # the CPU's 60 % of fc1's output
+        chain += edge("out_proj", "fc2").h2d_seconds[t]  # the residual, to the GPU
+        chain += edge("fc2", "qkv").d2h_seconds[t] + edge("fc2", "out_proj").d2h_seconds[t]
+        stream = u[4].split_stream_bytes[0][t] + u[5].stream_bytes[t]
+        cpu_read = sum(u[i].cpu_read_bytes[t] for i in range(4)) + u[4].split_cpu_read_bytes[0][t]
+        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB))
+        most = max(most, stream)
+    assert valid[0]
+    assert seconds[0] == pytest.approx(total, rel=1e-12)
+    assert staging[0] == pytest.approx(most)
+    # a split needs its weights off HBM; a share off the grid is a programming error
+    tiers_hbm = ("ddr", "ddr", "ddr", "ddr", "hbm", "ddr")
+    assert not layer_seconds(costs, dec, "decode", tiers_hbm, np.array([shares]))[2][0]
+    with pytest.raises(ValueError, match="not 500"):
+        layer_seconds(costs, dec, "decode", tiers, np.array([(0, 0, 0, 0, 0.5, 1)]))
+
+
 def test_expected_distinct_experts_matches_enumeration():
     """E·(1 − (1 − k/E)^n) against the mean over every top-k routing of n tokens (uniform, distinct experts)."""
     for experts, top_k, tokens in [(4, 2, 1), (4, 2, 2), (4, 2, 3), (5, 1, 3), (8, 2, 2)]:

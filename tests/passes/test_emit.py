@@ -31,7 +31,7 @@ def compile_tiny(batch=4, hbm_fraction=0.4, policy=None, profile="spr-h100"):
     graph = hand_graph(TINY)
     weights = sum(s.weight_bytes * graph.graph["layer_counts"][s.layer_class] for s in graph.sublayers())
     budgets = TierBudgets(int(hbm_fraction * weights), 64 * weights, 0)
-    costs = annotate_costs(graph, hw, Workload(batch, 32, 8), budgets)
+    costs = annotate_costs(graph, hw, Workload(batch, 32, 8), budgets, split_permille=())  # plan v1: no splits
     assignment, report = solve_placement(costs, SolverOptions(policy=policy))
     return emit_plan(costs, assignment, report, TINY, "latency"), assignment, report
 
@@ -100,6 +100,7 @@ def test_same_inputs_give_byte_identical_plans():
 def test_names():
     assert plan_name("opt-30b", "spr-h100", 8, 128, 32, "optimal") == "opt-30b.spr-h100.b8-p128-g32"
     assert plan_name("opt-30b", "spr-h100", 8, 128, 32, "lia-gpu/lia-cpu") == "opt-30b.spr-h100.b8-p128-g32.lia-gpu+lia-cpu"
-    assert placement_string((1, 0, 0, 1, 1, 1)) == "GCCGGG"
+    assert placement_string((0, 1000, 1000, 0, 0, 0)) == "GCCGGG"
+    assert placement_string((1000, 0, 350)) == "CGS"
     plan, _, _ = compile_tiny(batch=4, hbm_fraction=0.5, policy="lia-cpu")
     assert plan.metadata.name.endswith(".lia-cpu")
