@@ -34,6 +34,11 @@ class TransferCounts:
     streamed_bytes: int = 0  # weights and KV copied into staging buffers (a subset of h2d_bytes)
     by_value: dict[str, int] = field(default_factory=dict)  # activation name ('x', 'q', ...) → copies
 
+    def totals(self) -> dict[str, int]:
+        """The byte and copy counters (not `by_value`), for differences around one call."""
+        return {"h2d_bytes": self.h2d_bytes, "d2h_bytes": self.d2h_bytes, "h2d_copies": self.h2d_copies,
+                "d2h_copies": self.d2h_copies, "streamed_bytes": self.streamed_bytes}
+
     def count(self, nbytes: int, to_gpu: bool, value: str = "") -> None:
         if to_gpu:
             self.h2d_bytes += nbytes

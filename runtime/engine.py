@@ -48,6 +48,7 @@ class Generation:
     prefill_seconds: float         # prompt → first token
     decode_seconds: float          # the M - 1 decode steps
     prompt_len: int
+    transfers: dict | None = None  # what this call moved between the devices (TransferCounts.totals keys)
 
     @property
     def decode_steps(self) -> int:
@@ -262,6 +263,7 @@ class Engine:
     def _generate(self, ids: torch.Tensor, max_new_tokens: int, return_logits: bool) -> Generation:
         batch, prompt_len = ids.shape
         executor, sync = self.executor, self.backend.synchronize
+        moved = self.backend.transfers.totals()
         prefill_head = executor.head_device["prefill"]
         decode_head = executor.head_device["decode"]
         feed = executor.decode_embed_device
@@ -286,7 +288,9 @@ class Engine:
         done = time.perf_counter()
         token_ids = torch.cat([t.to("cpu") for t in tokens], dim=1)
         stacked = torch.stack([l.float().to("cpu") for l in logits], dim=1) if return_logits else None
-        return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len)
+        after = self.backend.transfers.totals()
+        return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len,
+                          {key: after[key] - moved[key] for key in after})
 
     @torch.inference_mode()
     def profile(self, input_ids, decode_steps: int) -> dict[tuple, float]:

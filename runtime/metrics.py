@@ -58,7 +58,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
             split = part_seconds.get((group, names, phase), {})
             row.update(measured_cpu_part_ms=_ms(split.get("cpu")), measured_gpu_part_ms=_ms(split.get("gpu")))
         sublayers.append(row)
-    transfers = engine.backend.transfers
+    transfers = generation.transfers or engine.backend.transfers.totals()  # the timed run's, not the profile's
     memory = [{"tier": tier, **{k: v for k, v in values.items()}}
               for tier, values in engine.memory_report().items()]
     return {
@@ -84,9 +84,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                       "total_ms": _ms(predicted.total_seconds)},
         "sublayers": sublayers,
         "memory": memory,
-        "transfers": {"h2d_bytes": transfers.h2d_bytes, "d2h_bytes": transfers.d2h_bytes,
-                      "h2d_copies": transfers.h2d_copies, "d2h_copies": transfers.d2h_copies,
-                      "streamed_bytes": transfers.streamed_bytes},
+        "transfers": dict(transfers),
         "notes": list(engine.notes),
     }
 

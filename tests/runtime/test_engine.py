@@ -12,7 +12,7 @@ import liac.runtime.backend as backend_module
 from liac.errors import LiacError
 from liac.models.config import ModelConfig
 from liac.models.zoo import ZOO
-from liac.plan import TierBytes, dump_plan
+from liac.plan import API_VERSION, TierBytes, dump_plan
 from liac.runtime import Engine, RandomWeights
 from liac.runtime.backend import CpuOnlyBackend, EmulatedBackend, make_backend
 
@@ -73,7 +73,7 @@ def test_invalid_plan_object_and_file(tmp_path):
     assert "cannot read" in _refused(tmp_path / "absent.yaml").message
     path = tmp_path / "plan.yaml"
     dump_plan(plan, path)
-    path.write_text(path.read_text().replace("apiVersion: liac/v1", "apiVersion: liac/v9"))
+    path.write_text(path.read_text().replace(f"apiVersion: {API_VERSION}", "apiVersion: liac/v9"))
     error = _refused(path)
     assert error.path == "apiVersion" and "unsupported value 'liac/v9'" in error.message
 

@@ -137,3 +137,12 @@ def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
     assert run_plans_module.main(["--runs", str(runs), "--emulate-gpu", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "must be positive integers" in err[0] and not out.exists()
+
+
+def test_transfers_in_the_metrics_are_the_timed_runs_own(tmp_path):
+    # Engines share one backend: each run's transfer counts must not include the runs (or warm-ups) before it.
+    path = _write(tmp_path, "partial")
+    results = run_plans([RunSpec(path), RunSpec(path)], seed=1, emulate_gpu=True, profile_steps=1,
+                        log=lambda line: None)
+    first, second = (r["metrics"]["transfers"] for r in results["runs"])
+    assert first == second and first["h2d_copies"] > 0
