@@ -27,9 +27,6 @@ __all__ = ["DEFAULT_PROFILE", "INDEX_NAME", "CompiledPoint", "CompileResult", "U
 
 DEFAULT_PROFILE = "h200-amx16"  # the project's own machine (liac/profiles/h200-amx16.yaml)
 INDEX_NAME = "index.yaml"
-# Plan format liac/v1 cannot express split sublayers, so plans are compiled over whole placements until the v2
-# switch (issue 6): the cost model and the ILP price splits already (liac.passes.costs.SPLIT_PERMILLE).
-_PLAN_SPLITS = False
 
 
 @dataclass(frozen=True)
@@ -130,12 +127,16 @@ def parse_bytes(text: str, source: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+_LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
+
+
 def policy_summary(plan: OffloadPlan, phase: str) -> str:
-    """Decoder placements of one phase, per group: '20xGGGGGG+76xCCCCCC' (C = CPU, G = GPU, unit order)."""
+    """Decoder placements of one phase, per group: '20xGGGGGG+76xCCCCSC' (C = CPU, G = GPU, S = split; unit
+    order)."""
     parts = []
     for group in plan.spec.layer_groups:
         if group.layer_class == "decoder":
-            letters = "".join("G" if getattr(s, phase) == "gpu" else "C" for s in group.sublayers)
+            letters = "".join(_LETTERS[getattr(s, phase)] for s in group.sublayers)
             parts.append(f"{group.layer_count}x{letters}")
     return "+".join(parts)
 
@@ -213,7 +214,7 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     points, infeasible = [], []
     for batch in batches:
         costs = annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets,
-                               split_permille=SPLIT_PERMILLE if _PLAN_SPLITS else ())
+                               split_permille=SPLIT_PERMILLE)
         try:
             assignment, report = solve_placement(costs, options)
         except InfeasibleError as e:
@@ -293,8 +294,11 @@ class UnitPrice:
     """One unit of one group in one phase: its predicted time on each device, as the plan places its tensors.
 
     `cpu_seconds` is None when the CPU may not compute it there (weights in HBM, or a decode KV cache in HBM).
-    Transfers: the PCIe seconds its incoming activations (and KV writes) cost on each device, given where the
-    plan puts its neighbours; `stream_seconds_on_gpu` is what streaming its operand would take (0 when in HBM).
+    Transfers: the PCIe seconds its incoming and outgoing activations (and KV writes) cost with the unit wholly on
+    each device, given where the plan puts its neighbours (a split neighbour's parts per Eq. 17);
+    `stream_seconds_on_gpu` is what streaming its operand would take (0 when in HBM). `device` is the plan's
+    placement ('cpu', 'gpu' or 'split'); for a split, `cpu_permille` is the CPU's share and `split_seconds` the
+    slower of its two parts (Eq. 15).
     """
 
     group: str
@@ -306,15 +310,18 @@ class UnitPrice:
     transfer_seconds_on_cpu: float
     transfer_seconds_on_gpu: float
     stream_seconds_on_gpu: float
+    cpu_permille: int = 0
+    split_seconds: float | None = None
 
 
 def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None):
-    """The CostGraph a plan was compiled from, rebuilt from its spec (profile by name unless `hw` is given).
+    """The CostGraph a plan was compiled from, rebuilt from its spec (profile by name unless `hw` is given),
+    pricing splits at the compiler's grid and at every share the plan uses.
 
     Raises:
         LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
     """
-    from liac.passes.costs import TierBudgets, Workload, annotate_costs
+    from liac.passes.costs import SPLIT_PERMILLE, TierBudgets, Workload, annotate_costs
 
     spec = plan.spec
     profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile") if hw is None else (
@@ -330,17 +337,20 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
     depth = max(spec.execution.prefetch_depth, 1)
     budgets = TierBudgets(spec.budgets.gpu_bytes, spec.budgets.cpu_bytes, spec.budgets.cxl_bytes, depth)
     work = Workload(spec.workload.batch_size, spec.workload.prompt_len, spec.workload.gen_len)
-    return annotate_costs(graph, profile, work, budgets, split_permille=())
+    shares = {s.cpu_permille(phase) for g in spec.layer_groups for s in g.sublayers for phase in ("prefill", "decode")}
+    grid = tuple(sorted(set(SPLIT_PERMILLE) | {p for p in shares if 0 < p < 1000}))
+    return annotate_costs(graph, profile, work, budgets, split_permille=grid)
 
 
 def unit_prices(plan: OffloadPlan, costs=None, hw=None, graph=None) -> list[UnitPrice]:
     """Per group, unit and phase: the unit's time on both devices and the transfers each choice implies."""
     import numpy as np
 
-    from liac.passes.costs import TIERS
+    from liac.passes.costs import TIERS, unit_breakdown
     from liac.passes.ilp import unit_tiers
 
     costs = costs or plan_costs(plan, hw=hw, graph=graph)
+    mean = (lambda values: float(np.mean(values)) if len(values) else 0.0)
     out = []
     for group in plan.spec.layer_groups:
         cls = costs.layer_class(group.layer_class)
@@ -348,29 +358,51 @@ def unit_prices(plan: OffloadPlan, costs=None, hw=None, graph=None) -> list[Unit
         tiers = unit_tiers(cls, weights, group.kv_cache)
         for phase in ("prefill", "decode"):
             pc = cls.phase(phase)
-            placement = [1 if getattr(s, phase) == "gpu" else 0 for s in group.sublayers]
+            shares = [1.0 - s.cpu_permille(phase) / 1000.0 for s in group.sublayers]  # GPU shares
+            planned = unit_breakdown(costs, cls, phase, tiers, tuple(shares))
             for index, unit in enumerate(pc.units):
-                mean = (lambda values: float(np.mean(values)) if len(values) else 0.0)
                 tier = tiers[index]
                 cpu_ok = tier != "hbm" or unit.cpu_allows_hbm
-                transfer = {0: 0.0, 1: 0.0}
-                for device in (0, 1):
-                    for edge in pc.edges:
-                        if edge.dst == index and placement[edge.src] != device:
-                            transfer[device] += mean(edge.h2d_seconds if device else edge.d2h_seconds)
-                        if edge.src == index and placement[edge.dst] != device:
-                            transfer[device] += mean(edge.d2h_seconds if device else edge.h2d_seconds)
-                    if group.kv_cache == "hbm" and device == 0:
-                        transfer[device] += mean(unit.kv_to_gpu_seconds)
-                    elif group.kv_cache not in ("hbm", "none") and device == 1:
-                        transfer[device] += mean(unit.kv_to_host_seconds)
+                transfer = {}
+                for device in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
+                    moved = list(shares)
+                    moved[index] = device
+                    transfer[device] = _unit_transfer_seconds(costs, pc, index, moved, group.kv_cache)
                 stream = 0.0
                 if tier in ("ddr", "cxl"):
                     rate = costs.h2d_gb_per_s if tier == "ddr" else costs.cxl_stream_gb_per_s
                     stream = mean(unit.stream_bytes) / (rate * 1e9)
+                permille = group.sublayers[index].cpu_permille(phase)
                 out.append(UnitPrice(group=group.name, unit=unit.name, phase=phase,
-                                     device="gpu" if placement[index] else "cpu",
+                                     device=getattr(group.sublayers[index], phase),
                                      cpu_seconds=mean(unit.cpu_seconds[TIERS.index(tier)]) if cpu_ok else None,
-                                     gpu_seconds=mean(unit.gpu_seconds), transfer_seconds_on_cpu=transfer[0],
-                                     transfer_seconds_on_gpu=transfer[1], stream_seconds_on_gpu=stream))
+                                     gpu_seconds=mean(unit.gpu_seconds), transfer_seconds_on_cpu=transfer[0.0],
+                                     transfer_seconds_on_gpu=transfer[1.0], stream_seconds_on_gpu=stream,
+                                     cpu_permille=permille,
+                                     split_seconds=planned[index][2] if 0 < permille < 1000 else None))
     return out
+
+
+def _unit_transfer_seconds(costs, pc, index: int, shares: list[float], kv_cache: str) -> float:
+    """Mean PCIe seconds per step of the activations into and out of unit `index` and its KV writes, with every
+    unit at its GPU share in `shares` (Eqs. 2, 3, 17)."""
+    import numpy as np
+
+    from liac.passes.costs import share_transfer_seconds
+
+    if pc.steps == 0:
+        return 0.0
+    g = np.asarray(shares, dtype=np.float64)[None, :]
+    latency = costs.pcie_latency_seconds
+    total = np.zeros((1, pc.steps))
+    for edge in pc.edges:
+        if index in (edge.src, edge.dst):
+            src, dst = g[:, edge.src], g[:, edge.dst]
+            total += share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
+            total += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
+    unit = pc.units[index]
+    if kv_cache == "hbm":
+        total += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - g[:, index], latency)
+    elif kv_cache != "none":
+        total += share_transfer_seconds(unit.kv_to_host_seconds, g[:, index], latency)
+    return float(total.mean())

@@ -244,7 +244,7 @@ def _plan_times(plan: OffloadPlan, costs) -> tuple[float, float, dict]:
         cls = costs.layer_class(group.layer_class)
         tiers = unit_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
         for phase in totals:
-            placement = tuple(1 if getattr(s, phase) == "gpu" else 0 for s in group.sublayers)
+            placement = tuple(1.0 - s.cpu_permille(phase) / 1000.0 for s in group.sublayers)  # GPU shares
             seconds = layer_seconds(costs, cls, phase, tiers, np.array([placement]))[0]
             totals[phase] += float(seconds[0]) * group.layer_count
             for name, device, compute, transfer, _stream in unit_breakdown(costs, cls, phase, tiers, placement):

@@ -2,16 +2,17 @@
 
 A plan is a Kubernetes-style document:
 
-    apiVersion: liac/v1
+    apiVersion: liac/v2
     kind: OffloadPlan
     metadata:  name, liac version                       (identity; no timestamps)
     spec:      model, hardware, workload, budgets,      (what the runtime must do; it reads nothing else)
                memory to reserve, execution, layer_groups
     status:    solver report, predicted costs, memory   (what the compiler observed; the runtime never reads it)
 
-`spec.layer_groups` lists contiguous ranges of layers sharing one configuration: for each sublayer its device in
-each phase and the tier of its weights, and the tier of the group's KV cache. The embedding and the LM head are
-groups of class 'embed' and 'head' with one layer each.
+`spec.layer_groups` lists contiguous ranges of layers sharing one configuration: for each sublayer its placement
+in each phase ('cpu', 'gpu', or 'split' between them, with the CPU's share of its output features in permille) and
+the tier of its weights, and the tier of the group's KV cache. The embedding and the LM head are groups of class
+'embed' and 'head' with one layer each.
 
 The frozen dataclasses below are the single source of truth: `load_plan` validates against them (each error names
 the YAML path), `plan_json_schema()` generates the JSON Schema shipped in `liac/schema/`, and `dump_plan` writes
@@ -35,16 +36,19 @@ from liac.models.config import FAMILIES, ModelConfig
 from liac.schema_tools import from_data, json_schema, spec_field, to_data
 
 __all__ = [
-    "API_VERSION", "KIND", "DEVICES", "TIERS", "OBJECTIVES", "MIGRATIONS",
+    "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "OBJECTIVES", "MIGRATIONS",
     "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "SublayerPlacement", "LayerGroup",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
     "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "write_atomic", "yaml_dump",
     "check_semantics",
 ]
 
-API_VERSION = "liac/v1"
+API_VERSION = "liac/v2"
 KIND = "OffloadPlan"
 DEVICES = ("cpu", "gpu")
+PLACEMENTS = DEVICES + ("split",)  # where a sublayer computes in one phase
+# Sublayers that may split: the weight GEMM units and the LM head (not attention, the embedding, MoE router/experts).
+SPLIT_UNITS = ("qkv", "out_proj", "fc1", "fc2", "gate_up", "down", "lm_head")
 TIERS = ("hbm", "ddr", "cxl")
 NO_TIER = "none"
 OBJECTIVES = ("latency", "throughput")
@@ -111,14 +115,38 @@ class Execution:
 
 @dataclass(frozen=True)
 class SublayerPlacement:
-    """Where one sublayer computes in each phase, and where its weights live."""
+    """Where one sublayer computes in each phase, and where its weights live.
+
+    A 'split' sublayer computes its output features [0, r) on the CPU, from its weights' tier ('ddr' or 'cxl'),
+    and [r, N) on the GPU, from weights streamed to it, at the same time; r = N · cpu_permille // 1000. N is the
+    unit's logical output features: qkv (H + 2G)·E rows of the fused [Q; K; V] output; out_proj, fc2, down D; fc1
+    F; gate_up F of the activated output (gate rows [0, r) and up rows [0, r) go to the CPU, so silu(gate)·up
+    stays on one device); lm_head the vocabulary. The parts are concatenated on the device of the consuming
+    sublayer (each device that computes part of it); for out_proj, fc2 and down the residual add follows the merge
+    there. Whole placements are the special cases: 'cpu' is 1000 permille, 'gpu' 0.
+    """
 
     name: str = spec_field("sublayer name (qkv, attn_score, attn_context, out_proj, fc1, fc2, gate_up, down, "
                            "router, experts, embed, lm_head)")
-    prefill: str = spec_field("compute device during prefill", enum=DEVICES)
-    decode: str = spec_field("compute device during decode", enum=DEVICES)
+    prefill: str = spec_field("compute placement during prefill: the CPU, the GPU, or split between them",
+                              enum=PLACEMENTS)
+    decode: str = spec_field("compute placement during decode", enum=PLACEMENTS)
     weights: str = spec_field("memory tier of the sublayer's weights ('none' when it has none)",
                               enum=TIERS + (NO_TIER,))
+    prefill_cpu_permille: int = spec_field("share of the output features the CPU computes during prefill, in "
+                                           "permille: 1000 for 'cpu', 0 for 'gpu', 1..999 for 'split'",
+                                           minimum=0, maximum=1000)
+    decode_cpu_permille: int = spec_field("share of the output features the CPU computes during decode, in "
+                                          "permille (as prefill_cpu_permille)", minimum=0, maximum=1000)
+
+    @staticmethod
+    def whole(name: str, prefill: str, decode: str, weights: str) -> "SublayerPlacement":
+        """A placement without splits: each phase wholly on 'cpu' or 'gpu' (permille 1000 or 0)."""
+        permille = {"cpu": 1000, "gpu": 0}
+        return SublayerPlacement(name, prefill, decode, weights, permille.get(prefill, 0), permille.get(decode, 0))
+
+    def cpu_permille(self, phase: str) -> int:
+        return self.prefill_cpu_permille if phase == "prefill" else self.decode_cpu_permille
 
 
 @dataclass(frozen=True)
@@ -164,8 +192,8 @@ class SublayerTime:
     group: str = spec_field("layer group name")
     name: str = spec_field("sublayer name")
     phase: str = spec_field("phase", enum=("prefill", "decode"))
-    device: str = spec_field("compute device", enum=DEVICES)
-    compute_seconds: float = spec_field("roofline compute time", minimum=0)
+    device: str = spec_field("compute placement", enum=PLACEMENTS)
+    compute_seconds: float = spec_field("roofline compute time (split: the slower of its two parts)", minimum=0)
     transfer_seconds: float = spec_field("activation / KV-write transfers charged to this sublayer", minimum=0)
     stream_seconds: float = spec_field("weights and KV streamed to the GPU for it (overlapped with compute)",
                                        minimum=0)
@@ -230,6 +258,7 @@ class OffloadPlan:
 # covered by a kept fixture (tests/artifacts/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
 MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
     _migrations.V1ALPHA1: (_migrations.V1, _migrations.migrate_v1alpha1_to_v1),
+    _migrations.V1: (_migrations.V2, _migrations.migrate_v1_to_v2),
 }
 
 
@@ -282,6 +311,29 @@ def load_plan(path: str | os.PathLike) -> OffloadPlan:
 
 def _layer_span(first: int, last: int) -> str:
     return f"layer {first} is" if first == last else f"layers {first}..{last} are"
+
+
+_WHOLE_PERMILLE = {"cpu": 1000, "gpu": 0}
+
+
+def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
+    """A sublayer's permille must match its placement; only weight GEMM units split, and from DDR or CXL."""
+    errors = []
+    for phase in ("prefill", "decode"):
+        placement, permille = getattr(sub, phase), sub.cpu_permille(phase)
+        if placement in _WHOLE_PERMILLE and permille != _WHOLE_PERMILLE[placement]:
+            errors.append((f"{where}.{phase}_cpu_permille", f"must be {_WHOLE_PERMILLE[placement]} for '{placement}' "
+                                                            f"in {phase}, got {permille}"))
+        if placement == "split":
+            if not 0 < permille < 1000:
+                errors.append((f"{where}.{phase}_cpu_permille", f"must be 1..999 for 'split' in {phase}, got "
+                                                                f"{permille}"))
+            if sub.name not in SPLIT_UNITS:
+                errors.append((f"{where}.{phase}", f"must not be 'split': only "
+                                                   + ", ".join(f"'{u}'" for u in SPLIT_UNITS) + " may split"))
+    if "split" in (sub.prefill, sub.decode) and sub.name in SPLIT_UNITS and sub.weights not in ("ddr", "cxl"):
+        errors.append((f"{where}.weights", f"must be 'ddr' or 'cxl' for a split sublayer, got '{sub.weights}'"))
+    return errors
 
 
 def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
@@ -337,6 +389,7 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
                 errors.append((f"{sub_where}.weights", "must be 'none': the sublayer has no weights"))
             if sub.weights == "hbm" and "cpu" in (sub.prefill, sub.decode):
                 errors.append((f"{sub_where}.weights", "must not be 'hbm' for a sublayer computed on the CPU"))
+            errors.extend(_split_errors(sub, sub_where))
             if decoder and sub.name in ("attn_score", "attn_context") and group.kv_cache == "hbm" \
                     and sub.decode == "cpu":
                 errors.append((f"{sub_where}.decode", "must be 'gpu': the group's KV cache is in 'hbm'"))

@@ -2,7 +2,7 @@
 
 A record is a frozen dataclass whose fields use these types: `int`, `float`, `str`, `bool`, `dict` (a free-form
 mapping, checked by the record's own code), another record, or `tuple[Record, ...]` (a YAML list of records).
-Field metadata (`spec_field(...)`) adds `enum`, `minimum`, `pattern` and `doc`, which both the loader and the
+Field metadata (`spec_field(...)`) adds `enum`, `minimum`, `maximum`, `pattern` and `doc`, which both the loader and the
 generated JSON Schema enforce, so the two cannot drift.
 """
 
@@ -20,12 +20,14 @@ __all__ = ["spec_field", "from_data", "to_data", "json_schema", "stable_float"]
 
 
 def spec_field(doc: str, *, enum: tuple[str, ...] | None = None, minimum: float | None = None,
-               pattern: str | None = None, default: Any = MISSING):
+               maximum: float | None = None, pattern: str | None = None, default: Any = MISSING):
     meta = {"doc": doc}
     if enum is not None:
         meta["enum"] = tuple(enum)
     if minimum is not None:
         meta["minimum"] = minimum
+    if maximum is not None:
+        meta["maximum"] = maximum
     if pattern is not None:
         meta["pattern"] = pattern
     if default is MISSING:
@@ -101,6 +103,8 @@ def _value(typ, meta, value, source, where):
         raise LiacError(source, f"unsupported value {value!r}: must be one of {allowed}", path=where)
     if "minimum" in meta and value < meta["minimum"]:
         raise LiacError(source, f"must be at least {meta['minimum']}, got {value!r}", path=where)
+    if "maximum" in meta and value > meta["maximum"]:
+        raise LiacError(source, f"must be at most {meta['maximum']}, got {value!r}", path=where)
     if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
         raise LiacError(source, f"must match '{meta['pattern']}', got {value!r}", path=where)
     return value
@@ -159,6 +163,8 @@ def _schema_of_type(typ, meta) -> dict[str, Any]:
         out["enum"] = list(meta["enum"])
     if "minimum" in meta:
         out["minimum"] = meta["minimum"]
+    if "maximum" in meta:
+        out["maximum"] = meta["maximum"]
     if "pattern" in meta:
         out["pattern"] = meta["pattern"]
     return out

@@ -36,7 +36,8 @@ from liac.schema_tools import from_data, to_data
 __all__ = [
     "TIERS", "DEVICES", "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts",
     "PhaseCosts", "ClassCosts", "CostGraph", "annotate_costs", "node_seconds", "cpu_throughput_rows",
-    "experts_touched", "transfer_seconds", "splittable", "layer_seconds", "placement_masks", "unit_breakdown",
+    "experts_touched", "transfer_seconds", "share_transfer_seconds", "splittable", "layer_seconds",
+    "placement_masks", "unit_breakdown",
 ]
 
 TIERS = ("hbm", "ddr", "cxl")
@@ -491,7 +492,7 @@ def placement_masks(num_units: int) -> np.ndarray:
     return ((codes[:, None] >> np.arange(num_units)[None, :]) & 1).astype(np.int8)
 
 
-def _partial(seconds, fraction: np.ndarray, latency: float) -> np.ndarray:
+def share_transfer_seconds(seconds, fraction: np.ndarray, latency: float) -> np.ndarray:
     """[P, steps] seconds of copying `fraction` [P] of a transfer that takes `seconds` [steps] whole (Eqs. 2, 17):
     the bytes scale, the fixed latency does not; nothing copied costs nothing."""
     seconds = np.asarray(seconds, dtype=np.float64)[None, :]
@@ -580,15 +581,15 @@ def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[st
             stream_cxl += stream[inverse]
         if kv_tier is not None:  # Eq. 3: new K, V go to the KV tier's side of PCIe (a split: its parts' shares)
             if kv_tier == "hbm":
-                chain += _partial(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
+                chain += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
             else:
-                chain += _partial(unit.kv_to_host_seconds, shares[:, index], latency)
+                chain += share_transfer_seconds(unit.kv_to_host_seconds, shares[:, index], latency)
     if pc.steps == 0:
         return np.zeros(num), np.zeros(num), valid, np.zeros(num)
     for edge in pc.edges:  # Eqs. 2, 17: each device computing part of dst needs the parts of src it lacks
         src, dst = shares[:, edge.src], shares[:, edge.dst]
-        chain += _partial(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
-        chain += _partial(edge.d2h_seconds, src * (dst < 1), latency)
+        chain += share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
+        chain += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
     t_stream = stream_ddr / (costs.h2d_gb_per_s * GB) + stream_cxl / (costs.cxl_stream_gb_per_s * GB)  # Eq. 5
     t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
     step_seconds = np.maximum(chain, np.maximum(t_stream, t_shared))  # Eq. 7
@@ -620,14 +621,14 @@ def unit_breakdown(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[s
         compute, stream_bytes, _, _ = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
         transfer = np.zeros((1, pc.steps))
         if kv_tier == "hbm":
-            transfer += _partial(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
+            transfer += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
         elif kv_tier is not None:
-            transfer += _partial(unit.kv_to_host_seconds, shares[:, index], latency)
+            transfer += share_transfer_seconds(unit.kv_to_host_seconds, shares[:, index], latency)
         for edge in pc.edges:
             if edge.dst == index:
                 src, dst = shares[:, edge.src], shares[:, edge.dst]
-                transfer += _partial(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
-                transfer += _partial(edge.d2h_seconds, src * (dst < 1), latency)
+                transfer += share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
+                transfer += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
         stream = 0.0
         if value < 1000 and tiers[index] in ("ddr", "cxl"):
             rate = costs.h2d_gb_per_s if tiers[index] == "ddr" else costs.cxl_stream_gb_per_s

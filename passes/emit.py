@@ -23,9 +23,8 @@ from liac.plan import (API_VERSION, KIND, Budgets, Execution, HardwareSpec, Laye
 from liac.plan import SolverReport as PlanSolverReport
 from liac.plan import Workload as PlanWorkload
 
-__all__ = ["emit_plan", "plan_name", "placement_string"]
+__all__ = ["emit_plan", "plan_name", "placement_string", "placement_of"]
 
-_DEVICE = {1000: "cpu", 0: "gpu"}  # CPU permille of a whole placement → device
 
 
 def plan_name(model: str, profile: str, batch: int, prompt_len: int, gen_len: int, policy: str) -> str:
@@ -44,10 +43,9 @@ def _order_key(config: LayerConfig):
             config.kv_cache, config.prefill_cpu_permille, config.decode_cpu_permille)
 
 
-def _device(cpu_permille: int) -> str:
-    if cpu_permille not in _DEVICE:  # plan format v1 has no split sublayers; compile_plans prices none for it
-        raise ValueError(f"plan {API_VERSION} cannot express a split sublayer ({cpu_permille} permille on the CPU)")
-    return _DEVICE[cpu_permille]
+def placement_of(cpu_permille: int) -> str:
+    """The plan's placement for a CPU share: 'cpu' (1000 permille), 'gpu' (0) or 'split'."""
+    return {1000: "cpu", 0: "gpu"}.get(cpu_permille, "split")
 
 
 def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cfg: ModelConfig,
@@ -74,9 +72,11 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
         for position, (config, count) in enumerate(entries):
             group = name if name != "decoder" else f"decoder-{position}"
             tiers = unit_tiers(cls, config.weights, config.kv_cache)
-            sublayers = tuple(SublayerPlacement(name=unit, prefill=_device(config.prefill_cpu_permille[i]),
-                                                decode=_device(config.decode_cpu_permille[i]),
-                                                weights=config.weights[i])
+            sublayers = tuple(SublayerPlacement(name=unit, prefill=placement_of(config.prefill_cpu_permille[i]),
+                                                decode=placement_of(config.decode_cpu_permille[i]),
+                                                weights=config.weights[i],
+                                                prefill_cpu_permille=config.prefill_cpu_permille[i],
+                                                decode_cpu_permille=config.decode_cpu_permille[i])
                               for i, unit in enumerate(cls.units))
             groups.append(LayerGroup(name=group, layer_class=name, first_layer=first, layer_count=count,
                                      kv_cache=config.kv_cache, sublayers=sublayers))

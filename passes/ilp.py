@@ -516,9 +516,12 @@ def _solve(problem, solver) -> bool:
 
 
 def _gap(problem, solver_name: str) -> float:
+    """The relative gap the solver proved; below 1e-12 it is the rounding of the bound (the solves run at 1e-9
+    tolerances), reported as 0."""
     if solver_name == "HiGHS":
         info = problem.solverModel.getInfo()
-        return max(0.0, float(info.mip_gap)) if np.isfinite(info.mip_gap) else 0.0
+        gap = max(0.0, float(info.mip_gap)) if np.isfinite(info.mip_gap) else 0.0
+        return 0.0 if gap < 1e-12 else gap
     # CBC through pulp reports no bound: an unproven answer is all we can say
     return 0.0 if problem.sol_status == pulp.LpSolutionOptimal else 1.0
 
@@ -629,7 +632,7 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     # streaming at most levels[last] while reserving only (p + 1)·levels[first], so it bounds them all, and a
     # child's bound is at least its parent's.
     heap = [(bounds.bound(0, len(levels) - 1), 0, len(levels) - 1, False)]
-    best = None  # (objective, counts, gap)
+    best = None  # (objective, counts, gap, proven optimal)
     while heap:
         bound, first, last, relaxed = heapq.heappop(heap)
         if not np.isfinite(bound) or (best is not None and _cannot_beat(bound, best)):
@@ -655,10 +658,10 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
         value = float(pulp.value(problem.objective))
         if best is None or value < cutoff:  # below the cutoff, the level was solved to optimality
             counts = {key: int(round(var.value() or 0)) for key, var in count.items()}
-            best = (value, counts, _gap(problem, solver_name))
+            best = (value, counts, _gap(problem, solver_name), problem.sol_status == pulp.LpSolutionOptimal)
     if best is None:
         _diagnose(costs, configs, solver)
-    _, counts, gap = best
+    _, counts, gap, proven = best
     choices = []
     for cls in costs.classes:
         for index, config in enumerate(configs[cls.layer_class]):
@@ -675,7 +678,7 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     assignment = Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
                             host_workspace_bytes=max(c.workspace_bytes for c in costs.classes), objective_seconds=objective,
                             tied_tier=tied_tier, tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
-    report = SolverReport(name=solver_name, status="optimal" if gap == 0.0 else "feasible",
+    report = SolverReport(name=solver_name, status="optimal" if proven else "feasible",
                           objective_seconds=objective, gap=gap, seconds=time.perf_counter() - start,
                           policy=policy.name, configurations=len(configs["decoder"]))
     return assignment, report

@@ -126,13 +126,18 @@ def _placement_changes(a, b) -> list[Change]:
     if set(table_a) != set(table_b):  # different models: the identity changes say so
         return []
 
+    def value(sub, attribute: str) -> str:
+        if attribute in _PHASES and getattr(sub, attribute) == "split":  # a split's share tells splits apart
+            return f"split ({sub.cpu_permille(attribute)}‰ CPU)"
+        return getattr(sub, attribute)
+
     def unit_moves(attribute: str) -> dict[tuple[str, int], tuple]:
         per_layer = {}
         for key, (_, units_a) in table_a.items():
             units_b = table_b[key][1]
-            moves = tuple((name, getattr(units_a[name], attribute), getattr(units_b[name], attribute))
+            moves = tuple((name, value(units_a[name], attribute), value(units_b[name], attribute))
                           for name in units_a if name in units_b
-                          and getattr(units_a[name], attribute) != getattr(units_b[name], attribute))
+                          and value(units_a[name], attribute) != value(units_b[name], attribute))
             if moves:
                 per_layer[key] = moves
         return per_layer

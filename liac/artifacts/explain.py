@@ -163,6 +163,19 @@ def _flip_reason(operand: str, tier: str, price, delta, staging_needed, staging_
             "layers and tiers keeps it here")
 
 
+def _split_reason(price, deltas: dict) -> str:
+    """Why a split: what the layer would take with the unit wholly on each device instead."""
+    parts = []
+    for target, name in ((0.0, "CPU"), (1.0, "GPU")):
+        delta = deltas.get(target)
+        if delta is None:
+            parts.append(f"wholly on the {name} not allowed")
+        else:
+            parts.append(f"wholly on the {name} the layer would take {_ms(delta)} "
+                         + ("longer" if delta >= 0 else "less"))
+    return f"split, {price.cpu_permille}‰ of its output features on the CPU: " + "; ".join(parts)
+
+
 def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
     import numpy as np
@@ -184,18 +197,30 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
         layer = {}
         for phase in ("prefill", "decode"):
             steps = max(cls.phase(phase).steps, 1)
-            planned = np.array([1 if getattr(s, phase) == "gpu" else 0 for s in group.sublayers])
-            masks = np.vstack([planned] + [np.where(np.arange(len(planned)) == i, 1 - planned, planned)
-                                           for i in range(len(planned))])
-            seconds, staging, valid, _ = layer_seconds(costs, cls, phase, tiers, masks)
+            # GPU shares (1 = GPU, 0 = CPU, in between a split); a whole unit flips to the other device, a split
+            # one to each device wholly
+            planned = np.array([1.0 - s.cpu_permille(phase) / 1000.0 for s in group.sublayers])
+            rows, flips = [planned], []
+            for i, share in enumerate(planned):
+                targets = (0.0, 1.0) if 0 < share < 1 else (1.0 - share,)
+                flips.append([(len(rows) + k, target) for k, target in enumerate(targets)])
+                rows.extend(np.where(np.arange(len(planned)) == i, target, planned) for target in targets)
+            seconds, staging, valid, _ = layer_seconds(costs, cls, phase, tiers, np.vstack(rows))
             layer[phase] = float(seconds[0]) / steps
             for index, sub in enumerate(group.sublayers):
                 price = prices[(group.name, sub.name, phase)]
                 operand = cls.operands[index]
                 tier = tiers[index] if operand != "none" else "none"
-                delta = float(seconds[index + 1] - seconds[0]) / steps if valid[index + 1] else None
-                extra_staging = max(0.0, float(staging[index + 1]) - spec.execution.staging_bytes) * buffers
-                reason = _flip_reason(operand, tier, price, delta, extra_staging, hbm_free)
+                deltas = {target: float(seconds[row] - seconds[0]) / steps if valid[row] else None
+                          for row, target in flips[index]}
+                if price.device == "split":
+                    delta = min((d for d in deltas.values() if d is not None), default=None)
+                    reason = _split_reason(price, deltas)
+                else:
+                    row = flips[index][0][0]
+                    delta = deltas[flips[index][0][1]]
+                    extra_staging = max(0.0, float(staging[row]) - spec.execution.staging_bytes) * buffers
+                    reason = _flip_reason(operand, tier, price, delta, extra_staging, hbm_free)
                 units.append(UnitExplanation(group.name, sub.name, phase, price.device, tier,
                                              price.cpu_seconds, price.gpu_seconds, price.transfer_seconds_on_cpu,
                                              price.transfer_seconds_on_gpu, price.stream_seconds_on_gpu, delta,

@@ -24,6 +24,7 @@ __all__ = ["STYLE", "FIGURES", "figure_name", "is_figure_name", "placement_data"
 STYLE = hashlib.sha256(Path(__file__).read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:12]
 CPU_COLOR, GPU_COLOR = "#4c72b0", "#dd8452"
 _CATEGORIES = (("cpu_compute", "CPU compute", CPU_COLOR), ("gpu_compute", "GPU compute", GPU_COLOR),
+               ("split_compute", "split compute (slower part)", "#c44e52"),
                ("transfer", "PCIe transfers", "#55a868"), ("stream", "weight/KV streaming", "#8172b3"))
 _NAME = re.compile(r"(placement|latency|memory)-[0-9a-f]{12}\.png")
 _PHASES = ("prefill", "decode")
@@ -50,7 +51,7 @@ def placement_data(page) -> dict:
                         continue
                     sub = next(s for s in group.sublayers if s.name == unit)
                     total += group.layer_count
-                    on_gpu += group.layer_count if getattr(sub, phase) == "gpu" else 0
+                    on_gpu += group.layer_count * (1000 - sub.cpu_permille(phase)) / 1000  # a split: its share
                 row.append(round(on_gpu / total, 4))
             rows.append(row)
         shares[phase] = rows

@@ -17,9 +17,12 @@ _KIND = "OffloadPlanIndex"
 _FLOATS = ("prefill_seconds", "decode_seconds_per_token", "total_seconds", "tokens_per_second")
 
 
+_LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
+
+
 def policy_string(plan, phase: str) -> str:
-    """'20xGGGGGG+76xCCCCCC': per decoder group, layer count × one letter per unit (G GPU, C CPU)."""
-    return "+".join(f"{g.layer_count}x" + "".join("G" if getattr(s, phase) == "gpu" else "C" for s in g.sublayers)
+    """'20xGGGGGG+76xCCCCSC': per decoder group, layer count × one letter per unit (G GPU, C CPU, S split)."""
+    return "+".join(f"{g.layer_count}x" + "".join(_LETTERS[getattr(s, phase)] for s in g.sublayers)
                     for g in plan.spec.layer_groups if g.layer_class == "decoder")
 
 

@@ -14,6 +14,8 @@ Versions:
     liac/v1alpha1  placement as per-phase maps ({prefill: {qkv: gpu, ...}, decode: {...}}) plus a `weights` map
                    from unit to tier (units without weights absent), on each layer group.
     liac/v1        placement as a list of units in execution order, each `{name, prefill, decode, weights}`.
+    liac/v2        each unit also gives the CPU's share of its output features per phase, `prefill_cpu_permille`
+                   and `decode_cpu_permille`, and may be 'split' between the CPU and the GPU (issue 6).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "V1ALPHA1", "V1"]
+__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "V1ALPHA1", "V1", "V2"]
 
 V1ALPHA1 = "liac/v1alpha1"
 V1 = "liac/v1"
+V2 = "liac/v2"
 
 # Units of one layer in execution order as of liac/v1 (frozen copy of liac.models.SUBLAYERS at that version).
 _V1_UNITS = {
@@ -113,4 +116,45 @@ def migrate_v1alpha1_to_v1(doc: dict) -> dict:
                                  "'embed', 'decoder', 'head'")
         new_groups.append(_group_v1alpha1_to_v1(group, units, path))
     spec["layer_groups"] = new_groups
+    return out
+
+
+# The CPU's permille of a v1 placement (frozen: v1 had only whole placements).
+_V1_PERMILLE = {"cpu": 1000, "gpu": 0}
+
+
+def migrate_v1_to_v2(doc: dict) -> dict:
+    """liac/v1 → liac/v2: every sublayer gains `prefill_cpu_permille` and `decode_cpu_permille`, 1000 where v1 put
+    it on the CPU and 0 on the GPU (v1 had no splits).
+
+    Args:
+        doc: a parsed liac/v1 document (not modified).
+
+    Returns:
+        A new liac/v2 document; everything else is carried over unchanged.
+
+    Raises:
+        MigrationError: naming the path in the old document when a group or sublayer is not a mapping, or a
+            placement is neither 'cpu' nor 'gpu'.
+    """
+    out = copy.deepcopy(doc)
+    out["apiVersion"] = V2
+    spec = _mapping(out.get("spec"), "spec")
+    groups = spec.get("layer_groups")
+    if not isinstance(groups, list):
+        raise MigrationError("spec.layer_groups", "must be a list")
+    for index, group in enumerate(groups):
+        path = f"spec.layer_groups[{index}]"
+        subs = _mapping(group, path).get("sublayers")
+        if not isinstance(subs, list):
+            raise MigrationError(f"{path}.sublayers", "must be a list")
+        for position, sub in enumerate(subs):
+            where = f"{path}.sublayers[{position}]"
+            sub = _mapping(sub, where)
+            for phase in ("prefill", "decode"):
+                device = sub.get(phase)
+                if device not in _V1_PERMILLE:
+                    raise MigrationError(f"{where}.{phase}", f"unsupported value {device!r}: must be one of "
+                                         "'cpu', 'gpu'")
+                sub[f"{phase}_cpu_permille"] = _V1_PERMILLE[device]
     return out

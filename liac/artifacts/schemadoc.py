@@ -56,6 +56,8 @@ def _constraints(node: dict[str, Any]) -> str:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
     if "minimum" in node:
         parts.append(f"≥ {node['minimum']}")
+    if "maximum" in node:
+        parts.append(f"≤ {node['maximum']}")
     if "pattern" in node:
         parts.append(f"matches `{node['pattern']}`")
     return "; ".join(parts)

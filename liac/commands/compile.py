@@ -29,8 +29,9 @@ def register(sub) -> None:
     parser.add_argument("--objective", default="latency", choices=OBJECTIVES,
                         help="latency: prefill + all decode steps; throughput: the same per point, and the index "
                              "names the batch with the most tokens/s")
-    parser.add_argument("--policy", default=None, help="fixed policy instead of the optimum: lia-cpu, lia-partial, "
-                                                       "lia-gpu, lia, or PREFILL/DECODE (e.g. lia-gpu/lia-cpu)")
+    parser.add_argument("--policy", default=None, help="a restricted placement space instead of the optimum: "
+                                                       "lia-cpu, lia-partial, lia-gpu, lia, whole (no split "
+                                                       "sublayers), or PREFILL/DECODE (e.g. lia-gpu/lia-cpu)")
     parser.add_argument("--solver", default="auto", choices=("auto", "cbc", "highs"))
     parser.add_argument("--prefetch-depth", type=int, default=1, help="layers of streamed weights staged ahead "
                                                                       "(default 1: double buffering)")
@@ -77,7 +78,7 @@ def summary_table(result) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows if not r[1].startswith("infeasible"))) if rows else len(h)
               for i, h in enumerate(header)]
     lines = [f"{result.model} on {result.profile} ({result.objective}, policy {result.policy}); "
-             f"policy letters per decoder unit: C = CPU, G = GPU"]
+             f"policy letters per decoder unit: C = CPU, G = GPU, S = split"]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         if row[1].startswith("infeasible"):

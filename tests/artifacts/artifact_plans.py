@@ -10,7 +10,8 @@ import dataclasses
 
 from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
-from liac.plan import (Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
+from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
+                       PlanSpec,
                        PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
                        Workload)
 from liac.schema_tools import stable_float
@@ -31,7 +32,7 @@ _WEIGHTLESS = ("attn_score", "attn_context")
 
 
 def _units(names, prefill, decode, tier):
-    return tuple(SublayerPlacement(name, prefill, decode, "none" if name in _WEIGHTLESS else tier) for name in names)
+    return tuple(SublayerPlacement.whole(name, prefill, decode, "none" if name in _WEIGHTLESS else tier) for name in names)
 
 
 def make_plan(cfg: ModelConfig = TINY_OPT, *, batch: int = 1, prompt: int = 16, gen: int = 8, resident: int = 2,
@@ -76,7 +77,7 @@ def make_plan(cfg: ModelConfig = TINY_OPT, *, batch: int = 1, prompt: int = 16, 
                 TierUsage("cxl", 0, cxl_bytes)),
     )
     name = f"{cfg.name}.test-hw.b{batch}-p{prompt}-g{gen}"
-    return OffloadPlan("liac/v1", "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
+    return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
 
 
 def with_group(plan: OffloadPlan, index: int, **changes) -> OffloadPlan:
@@ -87,7 +88,11 @@ def with_group(plan: OffloadPlan, index: int, **changes) -> OffloadPlan:
 
 
 def replace_sub(plan: OffloadPlan, group: int, unit: str, **changes) -> OffloadPlan:
-    """`plan` with one sublayer placement of one group changed (status left as it was)."""
+    """`plan` with one sublayer placement of one group changed (status left as it was); a phase moved wholly to
+    'cpu' or 'gpu' gets that placement's permille (1000 or 0) unless `changes` gives one."""
+    for phase in ("prefill", "decode"):
+        if changes.get(phase) in ("cpu", "gpu"):
+            changes.setdefault(f"{phase}_cpu_permille", 1000 if changes[phase] == "cpu" else 0)
     subs = tuple(dataclasses.replace(s, **changes) if s.name == unit else s
                  for s in plan.spec.layer_groups[group].sublayers)
     return with_group(plan, group, sublayers=subs)

@@ -147,8 +147,12 @@ def _layer_moves(a, b, attribute):
         for group in plan.spec.layer_groups:
             if group.layer_class == "decoder":
                 for layer in range(group.first_layer, group.first_layer + group.layer_count):
-                    out[layer] = {s.name: getattr(s, attribute) for s in group.sublayers}
+                    out[layer] = {s.name: label(s) for s in group.sublayers}
         return out
+
+    def label(sub):  # a split is told apart by the CPU's share
+        value = getattr(sub, attribute)
+        return f"split ({sub.cpu_permille(attribute)}‰ CPU)" if value == "split" else value
     la, lb = per_layer(a), per_layer(b)
     counts = {}
     for layer in la:

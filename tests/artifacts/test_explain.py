@@ -60,7 +60,8 @@ def test_flip_delta_equals_repricing_the_moved_plan(compiled):
         index = next(i for i, g in enumerate(plan.spec.layer_groups) if g.name == u.group)
         group = plan.spec.layer_groups[index]
         other = "gpu" if u.device == "cpu" else "cpu"
-        subs = tuple(dataclasses.replace(s, **{u.phase: other}) if s.name == u.unit else s for s in group.sublayers)
+        moves = {u.phase: other, f"{u.phase}_cpu_permille": 1000 if other == "cpu" else 0}
+        subs = tuple(dataclasses.replace(s, **moves) if s.name == u.unit else s for s in group.sublayers)
         groups = list(plan.spec.layer_groups)
         groups[index] = dataclasses.replace(group, sublayers=subs)
         moved = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, layer_groups=tuple(groups)))

@@ -42,8 +42,8 @@ def test_llama_70b_qkv_is_gqa_sized():
 def test_whole_model_in_one_tier_is_two_bytes_per_published_parameter(name):
     cfg = ZOO[name]
     plan = make_plan(cfg, resident=0, offload_decode="cpu", cpu_bytes=2**50, gpu_bytes=2**40)
-    plan = with_group(plan, 0, sublayers=(SublayerPlacement("embed", "gpu", "gpu", "ddr"),))
-    plan = with_group(plan, 2, sublayers=(SublayerPlacement("lm_head", "gpu", "gpu", "ddr"),))
+    plan = with_group(plan, 0, sublayers=(SublayerPlacement.whole("embed", "gpu", "gpu", "ddr"),))
+    plan = with_group(plan, 2, sublayers=(SublayerPlacement.whole("lm_head", "gpu", "gpu", "ddr"),))
     weights = tier_footprint(plan)["ddr"].weight_bytes
     published, _ = PUBLISHED_PARAMS[name]
     assert weights == pytest.approx(2 * published, rel=0.01)
@@ -53,7 +53,7 @@ def test_tied_matrix_counted_once_per_tier():
     d, v = TINY_OPT.hidden_size, TINY_OPT.vocab_size
     same = tier_footprint(make_plan(resident=TINY_OPT.num_layers))  # embed and head both in HBM
     head_ddr = with_group(make_plan(resident=TINY_OPT.num_layers), 2,
-                          sublayers=(SublayerPlacement("lm_head", "cpu", "cpu", "ddr"),))
+                          sublayers=(SublayerPlacement.whole("lm_head", "cpu", "cpu", "ddr"),))
     split = tier_footprint(head_ddr)
     assert split["ddr"].weight_bytes == 2 * (2 * d + v * d)  # the head needs its own copy of the matrix in DDR
     assert split["hbm"].weight_bytes == same["hbm"].weight_bytes - 2 * (2 * d)  # only the final norm left HBM

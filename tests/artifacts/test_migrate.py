@@ -3,7 +3,9 @@
 Round trips (the Kubernetes rule: convert to another version and back without loss):
   dataclass → YAML → dataclass is the identity for any valid plan (floats already at 6 significant digits, as
   every writer produces them through liac.schema_tools.stable_float);
-  v1 → v1alpha1 (`_downgrade_to_v1alpha1` below, written independently of the migration) → v1 is the identity.
+  v2 → v1 (`_downgrade_to_v1`) → v2 and v2 → v1 → v1alpha1 (`_downgrade_to_v1alpha1`) → v2 are the identity for
+  every plan the older versions can express (no split sublayers); the downgrades are written independently of
+  the migrations.
 """
 
 from __future__ import annotations
@@ -17,18 +19,29 @@ from artifact_plans import TINY_LLAMA, TINY_OPT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liac.artifacts.migrate import MigrationError, migrate_v1alpha1_to_v1
+from liac.artifacts.migrate import MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1
 from liac.cli import main
 from liac.errors import LiacError
 from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
-from liac.plan import (API_VERSION, DEVICES, MIGRATIONS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
+from liac.plan import (API_VERSION, DEVICES, MIGRATIONS, SPLIT_UNITS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
                        Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
                        SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, check_semantics, load_plan,
                        parse_plan, plan_to_yaml)
 from liac.schema_tools import stable_float, to_data
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _downgrade_to_v1(doc: dict) -> dict:
+    """v2 → v1 for a plan without splits: the permille fields go (v1 meant 1000 on the CPU, 0 on the GPU)."""
+    old = copy.deepcopy(doc)
+    old["apiVersion"] = "liac/v1"
+    for group in old["spec"]["layer_groups"]:
+        for sub in group["sublayers"]:
+            assert "split" not in (sub["prefill"], sub["decode"])
+            del sub["prefill_cpu_permille"], sub["decode_cpu_permille"]
+    return old
 
 
 def _downgrade_to_v1alpha1(doc: dict) -> dict:
@@ -49,9 +62,35 @@ def test_kept_v1alpha1_fixture_loads_as_the_kept_v1_plan():
     assert [s.name for s in old.spec.layer_groups[2].sublayers] == list(SUBLAYERS["opt"])  # execution order back
 
 
+def test_kept_v1_fixtures_load_as_the_kept_v2_plans():
+    for name in ("tiny-opt", "opt-30b-spr-a100"):
+        old, new = load_plan(FIXTURES / f"v1-{name}.yaml"), load_plan(FIXTURES / f"v2-{name}.yaml")
+        assert old == new and old.apiVersion == API_VERSION == "liac/v2"
+        for sub in (s for g in new.spec.layer_groups for s in g.sublayers):
+            assert sub.prefill_cpu_permille == (1000 if sub.prefill == "cpu" else 0)
+            assert sub.decode_cpu_permille == (1000 if sub.decode == "cpu" else 0)
+    # a v2 plan with split sublayers (compiled: OPT-30B on h200-amx16 at 24 GiB) stays loadable
+    split = load_plan(FIXTURES / "v2-opt-30b-h200-amx16-split.yaml")
+    assert any(0 < s.cpu_permille(phase) < 1000 for g in split.spec.layer_groups for s in g.sublayers
+               for phase in ("prefill", "decode"))
+
+
+def test_v1_migration_is_pure_and_refuses_what_v1_could_not_say():
+    doc = yaml.safe_load((FIXTURES / "v1-tiny-opt.yaml").read_text())
+    before = copy.deepcopy(doc)
+    out = migrate_v1_to_v2(doc)
+    assert doc == before and out["apiVersion"] == "liac/v2"
+    assert _downgrade_to_v1(out) == doc
+    doc["spec"]["layer_groups"][1]["sublayers"][4]["decode"] = "split"
+    with pytest.raises(MigrationError) as raised:
+        migrate_v1_to_v2(doc)
+    assert (raised.value.path, raised.value.message) == ("spec.layer_groups[1].sublayers[4].decode",
+                                                         "unsupported value 'split': must be one of 'cpu', 'gpu'")
+
+
 def test_every_kept_fixture_validates(capsys):
     files = sorted(FIXTURES.glob("*.yaml"))
-    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1"}
+    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1", "v2"}
     assert main(["validate", *map(str, files)]) == 0
     assert capsys.readouterr().out.count(": OK (valid plan)") == len(files)
 
@@ -104,33 +143,38 @@ TINY_MIXTRAL = ModelConfig(**{**TINY_LLAMA.to_dict(), "name": "tiny-mixtral", "f
 
 
 @st.composite
-def _units(draw, names, kv_tier):
+def _units(draw, names, kv_tier, splits):
     out = []
     for name in names:
-        prefill, decode = draw(st.sampled_from(DEVICES)), draw(st.sampled_from(DEVICES))
+        choices = DEVICES + ("split",) if splits and name in SPLIT_UNITS else DEVICES
+        prefill, decode = draw(st.sampled_from(choices)), draw(st.sampled_from(choices))
+        permille = {phase: draw(st.integers(1, 999)) if placement == "split" else 1000 * (placement == "cpu")
+                    for phase, placement in (("prefill", prefill), ("decode", decode))}
         if name in ("attn_score", "attn_context"):
             if kv_tier == "hbm":
                 decode = "gpu"
-            out.append(SublayerPlacement(name, prefill, decode, "none"))
+                permille["decode"] = 0
+            out.append(SublayerPlacement(name, prefill, decode, "none", permille["prefill"], permille["decode"]))
             continue
-        tiers = TIERS if "cpu" not in (prefill, decode) else ("ddr", "cxl")
-        out.append(SublayerPlacement(name, prefill, decode, draw(st.sampled_from(tiers))))
+        tiers = TIERS if "cpu" not in (prefill, decode) and "split" not in (prefill, decode) else ("ddr", "cxl")
+        out.append(SublayerPlacement(name, prefill, decode, draw(st.sampled_from(tiers)), permille["prefill"],
+                                     permille["decode"]))
     return tuple(out)
 
 
 @st.composite
-def valid_plans(draw):
+def valid_plans(draw, splits=True):
     base = draw(st.sampled_from([TINY_OPT, TINY_LLAMA, TINY_QWEN, TINY_MIXTRAL]))
     cfg = base.with_layers(draw(st.integers(1, 6)), name=draw(_NAMES))
     cuts = sorted(draw(st.sets(st.integers(1, cfg.num_layers - 1), max_size=3))) if cfg.num_layers > 1 else []
     bounds = [0, *cuts, cfg.num_layers]
     group_names = draw(st.lists(_NAMES, min_size=len(bounds) + 1, max_size=len(bounds) + 1, unique=True))
-    groups = [LayerGroup(group_names[0], "embed", 0, 1, "none", draw(_units(("embed",), "none")))]
+    groups = [LayerGroup(group_names[0], "embed", 0, 1, "none", draw(_units(("embed",), "none", splits)))]
     for index, (first, end) in enumerate(zip(bounds, bounds[1:])):
         kv = draw(st.sampled_from(TIERS))
         groups.append(LayerGroup(group_names[index + 1], "decoder", first, end - first, kv,
-                                 draw(_units(SUBLAYERS[cfg.family], kv))))
-    groups.append(LayerGroup(group_names[-1], "head", 0, 1, "none", draw(_units(("lm_head",), "none"))))
+                                 draw(_units(SUBLAYERS[cfg.family], kv, splits))))
+    groups.append(LayerGroup(group_names[-1], "head", 0, 1, "none", draw(_units(("lm_head",), "none", splits))))
     spec = PlanSpec(ModelSpec(cfg.name, cfg.family, cfg.sha256(), cfg.to_dict()),
                     HardwareSpec(draw(_NAMES), draw(st.from_regex("[0-9a-f]{64}", fullmatch=True))),
                     Workload(draw(st.integers(1, 4096)), draw(st.integers(1, 10**5)), draw(st.integers(1, 4096)),
@@ -163,8 +207,11 @@ def test_random_plans_round_trip_through_yaml(plan):
 
 
 @_SETTINGS
-@given(valid_plans())
-def test_random_plans_round_trip_through_v1alpha1(plan):
+@given(valid_plans(splits=False))
+def test_random_plans_round_trip_through_v1_and_v1alpha1(plan):
     doc = to_data(plan)
-    assert migrate_v1alpha1_to_v1(_downgrade_to_v1alpha1(doc)) == doc
-    assert parse_plan(_downgrade_to_v1alpha1(doc), "fuzz") == plan
+    v1 = _downgrade_to_v1(doc)
+    assert migrate_v1_to_v2(v1) == doc
+    assert parse_plan(v1, "fuzz") == plan
+    assert migrate_v1alpha1_to_v1(_downgrade_to_v1alpha1(v1)) == v1
+    assert parse_plan(_downgrade_to_v1alpha1(v1), "fuzz") == plan

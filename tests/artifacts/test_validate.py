@@ -47,7 +47,7 @@ def test_bad_enum_names_path_value_and_allowed_values(tmp_path, capsys):
     code, lines, _ = _run(capsys, path)
     assert code == 2
     assert lines == [f"{path}: spec.layer_groups[2].sublayers[4].decode: unsupported value 'tpu': must be one of "
-                     "'cpu', 'gpu'"]
+                     "'cpu', 'gpu', 'split'"]
 
 
 def test_missing_and_unknown_fields_and_bad_types_are_all_reported(tmp_path, capsys):
@@ -221,7 +221,7 @@ def test_every_argument_checked_and_unreadable_or_non_yaml_files(tmp_path, capsy
     assert lines[0] == f"{good}: OK (valid plan)"
     assert lines[1].startswith(f"{bad}: not valid YAML: ")
     assert lines[2] == f"{scalar}: must be a YAML mapping with apiVersion, kind, metadata, spec, status"
-    assert lines[3] == f"{old}: apiVersion: unsupported value 'liac/v0': must be one of 'liac/v1', 'liac/v1alpha1'"
+    assert lines[3] == f"{old}: apiVersion: unsupported value 'liac/v0': must be one of 'liac/v1', 'liac/v1alpha1', 'liac/v2'"
     assert lines[4] == f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory"
 
 

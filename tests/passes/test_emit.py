@@ -23,7 +23,7 @@ from liac.schema_tools import to_data
 TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=4,
                    head_dim=64, ffn_dim=1024, vocab_size=512, max_position=256, norm="layernorm", norm_eps=1e-5,
                    activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
-SCHEMA = json.loads((Path(__file__).parents[2] / "liac" / "schema" / "offload-plan-v1.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "liac" / "schema" / "offload-plan-v2.schema.json").read_text())
 
 
 def compile_tiny(batch=4, hbm_fraction=0.4, policy=None, profile="spr-h100"):
@@ -31,7 +31,7 @@ def compile_tiny(batch=4, hbm_fraction=0.4, policy=None, profile="spr-h100"):
     graph = hand_graph(TINY)
     weights = sum(s.weight_bytes * graph.graph["layer_counts"][s.layer_class] for s in graph.sublayers())
     budgets = TierBudgets(int(hbm_fraction * weights), 64 * weights, 0)
-    costs = annotate_costs(graph, hw, Workload(batch, 32, 8), budgets, split_permille=())  # plan v1: no splits
+    costs = annotate_costs(graph, hw, Workload(batch, 32, 8), budgets)
     assignment, report = solve_placement(costs, SolverOptions(policy=policy))
     return emit_plan(costs, assignment, report, TINY, "latency"), assignment, report
 
@@ -104,3 +104,33 @@ def test_names():
     assert placement_string((1000, 0, 350)) == "CGS"
     plan, _, _ = compile_tiny(batch=4, hbm_fraction=0.5, policy="lia-cpu")
     assert plan.metadata.name.endswith(".lia-cpu")
+
+
+def test_split_plan_is_valid_and_priced():
+    """OPT-30B on h200-amx16 with 24 GiB of HBM splits sublayers: the plan says 'split' with the CPU's permille,
+    passes the committed schema and liac validate's checks, and predicts what the solver optimised."""
+    from liac.api import policy_summary
+    from liac.models import ZOO
+
+    cfg = ZOO["opt-30b"]
+    hw = resolve_profile("h200-amx16")
+    costs = annotate_costs(hand_graph(cfg), hw, Workload(1, 128, 32), TierBudgets(24 * 2**30, hw.cpu_budget_bytes, 0))
+    assignment, report = solve_placement(costs)
+    plan = emit_plan(costs, assignment, report, cfg, "latency")
+    splits = [(g, s) for g in plan.spec.layer_groups for s in g.sublayers if "split" in (s.prefill, s.decode)]
+    assert splits
+    for group, sub in splits:
+        assert sub.weights in ("ddr", "cxl")
+        for phase in ("prefill", "decode"):
+            permille = sub.cpu_permille(phase)
+            assert permille == {"cpu": 1000, "gpu": 0}.get(getattr(sub, phase), permille) and 0 <= permille <= 1000
+            if getattr(sub, phase) == "split":
+                assert 0 < permille < 1000
+    doc = yaml.safe_load(plan_to_yaml(plan))
+    jsonschema.validate(doc, SCHEMA)
+    assert parse_plan(doc, "split").spec == plan.spec  # (status floats are rounded in the file)
+    assert [p for p in plan_problems(plan) if p[2] == "error"] == []
+    assert plan.status.predicted.total_seconds == pytest.approx(report.objective_seconds, rel=1e-9)
+    rows = {(t.group, t.name, t.phase): t.device for t in plan.status.predicted.sublayers}
+    assert rows[(splits[0][0].name, splits[0][1].name, "prefill")] == splits[0][1].prefill
+    assert "S" in policy_summary(plan, "prefill") + policy_summary(plan, "decode")
