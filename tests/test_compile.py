@@ -188,3 +188,30 @@ def test_explain_can_reprice_a_plan(tiny, tmp_path):
         assert price.gpu_seconds > 0
         if price.device == "cpu":
             assert price.cpu_seconds is not None and price.cpu_seconds > 0
+
+
+def test_a_split_plan_reprices_and_explains():
+    """The kept compiled split plan (OPT-30B, h200-amx16, 24 GiB): re-pricing it from its spec gives the predicted
+    times it carries, its split units' price is the slower part of the split, and explain weighs both whole
+    alternatives."""
+    from liac.artifacts.explain import explain_plan
+    from liac.passes.costs import layer_seconds
+    from liac.passes.ilp import unit_tiers
+
+    plan = load_plan(ROOT / "tests" / "artifacts" / "fixtures" / "v2-opt-30b-h200-amx16-split.yaml")
+    costs = plan_costs(plan)
+    total = 0.0
+    for group in plan.spec.layer_groups:
+        cls = costs.layer_class(group.layer_class)
+        tiers = unit_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
+        for phase in ("prefill", "decode"):
+            shares = [[1 - s.cpu_permille(phase) / 1000 for s in group.sublayers]]
+            total += float(layer_seconds(costs, cls, phase, tiers, shares)[0][0]) * group.layer_count
+    assert total == pytest.approx(plan.status.predicted.total_seconds, rel=1e-5)
+    prices = [p for p in unit_prices(plan, costs=costs) if p.device == "split"]
+    assert prices and all(0 < p.cpu_permille < 1000 and p.split_seconds > 0 for p in prices)
+    explained = [u for u in explain_plan(plan).units if u.device == "split"]
+    assert len(explained) == len(prices)
+    for u in explained:
+        assert u.reason.startswith("split, ") and "wholly on the CPU" in u.reason and "wholly on the GPU" in u.reason
+        assert u.flip_delta_seconds is not None and u.flip_delta_seconds >= -1e-12  # here every split beats both
