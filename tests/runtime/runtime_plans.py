@@ -22,7 +22,6 @@ upper bound of what the runtime allocates; `status` carries made-up but valid pr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -115,31 +114,13 @@ def save_hf_checkpoint(family: str, directory, seed: int = 0, layers: int = 3,
     return from_hf_config(data, name=directory.name)
 
 
-def _v2() -> bool:
-    return "prefill_cpu_permille" in {f.name for f in dataclasses.fields(SublayerPlacement)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _SplitPlacement(SublayerPlacement):
-    """Plan v2's permille fields, for building split plans while liac.plan is still v1 (never dumped)."""
-
-    prefill_cpu_permille: int = 0
-    decode_cpu_permille: int = 0
-
-
 def placement(name: str, prefill: str, decode: str, tier: str, prefill_permille: int | None = None,
               decode_permille: int | None = None) -> SublayerPlacement:
-    """A SublayerPlacement; permille defaults to 1000 on the CPU and 0 on the GPU (the v1 meaning)."""
+    """A SublayerPlacement; permille defaults to 1000 on the CPU and 0 on the GPU (a split must give its own)."""
     whole = {"cpu": 1000, "gpu": 0}
-    fields = {"prefill_cpu_permille": whole.get(prefill, prefill_permille) if prefill_permille is None
-              else prefill_permille,
-              "decode_cpu_permille": whole.get(decode, decode_permille) if decode_permille is None
-              else decode_permille}
-    if _v2():
-        return SublayerPlacement(name, prefill, decode, tier, **fields)
-    if "split" in (prefill, decode):
-        return _SplitPlacement(name, prefill, decode, tier, **fields)
-    return SublayerPlacement(name, prefill, decode, tier)
+    return SublayerPlacement(name, prefill, decode, tier,
+                             whole[prefill] if prefill_permille is None else prefill_permille,
+                             whole[decode] if decode_permille is None else decode_permille)
 
 
 def _units(names, prefill, decode, tier, permille=None):

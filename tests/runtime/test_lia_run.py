@@ -109,3 +109,31 @@ def test_truncated_checkpoint_is_one_line(checkpoints, tmp_path, capsys):
     path = tmp_path / "plan.yaml"
     dump_plan(make_plan(cfg, "cpu"), path)
     _fails([path, "--weights", directory], capsys, "truncated")
+
+
+def test_split_plan_file_runs_and_reports_both_parts(plan_file, tmp_path, capsys):
+    # a plan v2 file with split units: through YAML (schema, semantics), then the metrics' split rows
+    metrics_path = tmp_path / "split.json"
+    assert main([str(plan_file("split", permille=333)), "--random-weights", "0", "--emulate-gpu", "--metrics-out",
+                 str(metrics_path), "--profile-steps", "2"]) == 0
+    rows = [r for r in json.loads(metrics_path.read_text())["sublayers"] if r["device"] == "split"]
+    assert {r["sublayers"][0] for r in rows} == {"qkv", "out_proj", "fc1", "fc2", "lm_head"}
+    assert all(r["measured_cpu_part_ms"] > 0 and r["measured_gpu_part_ms"] > 0 and r["predicted_ms"] for r in rows)
+
+
+def test_a_v1_plan_file_is_migrated_and_runs(plan_file, tmp_path, capsys):
+    import yaml
+
+    v2 = plan_file("mixed")
+    doc = yaml.safe_load(v2.read_text())
+    doc["apiVersion"] = "liac/v1"  # what `liac compile` wrote before splits: no permille fields
+    for group in doc["spec"]["layer_groups"]:
+        for sub in group["sublayers"]:
+            del sub["prefill_cpu_permille"], sub["decode_cpu_permille"]
+    v1 = tmp_path / "v1.yaml"
+    v1.write_text(yaml.safe_dump(doc))
+    outputs = []
+    for path in (v1, v2):
+        assert main([str(path), "--random-weights", "2", "--emulate-gpu", "--profile-steps", "0"]) == 0
+        outputs.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens[0]")])
+    assert outputs[0] == outputs[1] and outputs[0]  # the same plan, the same tokens
