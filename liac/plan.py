@@ -329,7 +329,7 @@ def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
                 errors.append((f"{where}.{phase}_cpu_permille", f"must be 1..999 for 'split' in {phase}, got "
                                                                 f"{permille}"))
             if sub.name not in SPLIT_UNITS:
-                errors.append((f"{where}.{phase}", f"must not be 'split': only "
+                errors.append((f"{where}.{phase}", "must not be 'split': only "
                                                    + ", ".join(f"'{u}'" for u in SPLIT_UNITS) + " may split"))
     if "split" in (sub.prefill, sub.decode) and sub.name in SPLIT_UNITS and sub.weights not in ("ddr", "cxl"):
         errors.append((f"{where}.weights", f"must be 'ddr' or 'cxl' for a split sublayer, got '{sub.weights}'"))

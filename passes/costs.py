@@ -26,7 +26,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from liac.ir import PHASES, Sublayer, SublayerGraph, phase_point, require_stage
