@@ -31,5 +31,5 @@ from liac.runtime.engine import Engine, Generation, RandomWeights
 from liac.runtime.hostweights import HostWeights
 from liac.runtime.schedule import Schedule, build_schedule
 
-__all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "Backend", "CudaBackend", "EmulatedBackend", "make_backend",
-           "Schedule", "build_schedule"]
+__all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "Backend", "CudaBackend", "EmulatedBackend",
+           "make_backend", "Schedule", "build_schedule"]

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "BlocksLinear", "bind_kernels", "prepare_module", "cpu_backend",
-           "ipex_module", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel"]
+__all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "BlocksLinear", "bind_kernels", "prepare_module",
+           "cpu_backend", "ipex_module", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel"]
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -9,7 +9,8 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
   * KV        where each layer's cache lives (its group's tier), whether the qkv op's K/V write crosses PCIe,
               and how attention reads it: the fresh K/V (prefill), the cache in place, or a streamed window
   * streaming units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
-              is copied into staging buffer i mod (prefetch_depth + 1), bracketed by 'wait' / 'release' ops
+              is copied into staging buffer i mod (prefetch_depth + 1); a 'wait' op right before the layer's first
+              op that reads the buffer and a 'release' op right after its last one bracket the readers only
   * splits    (plan v2) a unit split by output features runs its CPU part from the weights' host tier and its
               GPU part from staging (only its rows [r, N) are streamed); a backward pass over the phase finds
               where later ops read its output, and the parts are joined there (and only there)
@@ -29,8 +30,8 @@ from liac.models.config import ModelConfig
 from liac.plan import OffloadPlan
 from liac.runtime.memory import HOME, aligned
 
-__all__ = ["PHASES", "Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo", "build_schedule",
-           "MODULE_OF", "model_params", "part_rows"]
+__all__ = ["PHASES", "Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo",
+           "build_schedule", "MODULE_OF", "model_params", "part_rows"]
 
 PHASES = ("prefill", "decode")
 
@@ -409,9 +410,15 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
             units.append(unit)
             layer_ops = [_with_unit(o, unit.index) if o.streamed or o.kv_read == "window" else o
                          for o in layer_ops]
+            # Bracket only the ops that read the buffer: a CPU op before them need not wait for the layer's copy
+            # (it overlaps it), and the buffer is handed back to the copy stream as soon as its last reader is done.
+            readers = [at for at, o in enumerate(layer_ops) if o.unit == unit.index]
+            first, last = readers[0], readers[-1]
+            ops.extend(layer_ops[:first])
             ops.append(Op("wait", group.name, key[0], key[1], "gpu", unit=unit.index))
-            ops.extend(layer_ops)
+            ops.extend(layer_ops[first:last + 1])
             ops.append(Op("release", group.name, key[0], key[1], "gpu", unit=unit.index))
+            ops.extend(layer_ops[last + 1:])
         else:
             ops.extend(layer_ops)
     return PhaseSchedule(phase, tuple(ops), tuple(units))

@@ -29,9 +29,9 @@ import torch
 
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig, from_hf_config
-from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
-                       PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
-                       Workload)
+from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
+                       PlanSpec, PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes,
+                       TierUsage, Workload)
 
 __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "make_test_backend", "hf_config",
            "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close", "placement"]

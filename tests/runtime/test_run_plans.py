@@ -81,7 +81,10 @@ def test_every_plan_runs_over_one_set_of_weights(tmp_path, monkeypatch, backend)
         assert written["metrics_version"] == 1 and written["plan_file"] == record["plan_file"]
         if backend == "cuda":
             assert record["gpu"]["peak_allocated_bytes"] > 0
-            assert record["gpu"]["allocated_after_close_bytes"] < 2**20
+            # what stays after a close is torch's own cuBLAS / cuBLASLt workspaces (32 + 1 MiB on an H200), made
+            # by the first run's GEMMs: the same after every run, nothing of the engines
+            assert record["gpu"]["allocated_after_close_bytes"] == \
+                results["runs"][0]["gpu"]["allocated_after_close_bytes"] <= 64 * 2**20
     mixed = results["runs"][2]["metrics"]["memory"]
     assert [row["shared_bytes"] > 0 for row in mixed] == [False, True, False]  # 'cxl' falls back into DDR here
 

@@ -209,3 +209,26 @@ def test_kv_window_rows_are_one_2d_copy_on_cuda():
     backend.synchronize()
     assert backend_module._cudart_memcpy_2d() is not None  # the 2-D copy, not the per-row fallback
     assert torch.equal(dst[:, :7].cpu(), src[:, :7]) and not dst[:, 7:].any()
+
+
+def test_wait_and_release_bracket_only_the_ops_that_read_the_staging_buffer():
+    # mixed decode: qkv, score (window), fc1 on the GPU read layer 1's buffer; context, out_proj, fc2 on the CPU
+    # do not: fc2 runs after the release, so the next copy into that buffer may start meanwhile
+    schedule = build_schedule(make_plan(TINY, "mixed"))
+    layer = [op.kind for op in schedule.phases["decode"].ops if op.layer_class == "decoder" and op.layer == 1]
+    assert layer == ["wait", "qkv", "score", "context", "out_proj", "up", "release", "down"]
+    # qkv and attention on the CPU first (as in LIA's plans for OPT-30B on the H200): they start before the
+    # layer's streamed GPU weights have arrived
+    plan = make_plan(TINY, "partial", weights_tier="ddr")
+    offload = plan.spec.layer_groups[1]
+    qkv = dataclasses.replace(offload.sublayers[0], decode="cpu", decode_cpu_permille=1000)
+    groups = list(plan.spec.layer_groups)
+    groups[1] = dataclasses.replace(offload, sublayers=(qkv,) + offload.sublayers[1:])
+    plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, layer_groups=tuple(groups)))
+    layer = [op.kind for op in build_schedule(plan).phases["decode"].ops
+             if op.layer_class == "decoder" and op.layer == 1]
+    assert layer == ["qkv", "attn", "wait", "out_proj", "up", "down", "release"]
+    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend())
+    reference = Engine.from_plan(make_plan(TINY, "cpu"), RandomWeights(0), backend=EmulatedBackend())
+    assert torch.equal(engine.generate(torch.arange(5)[None], 4).token_ids,
+                       reference.generate(torch.arange(5)[None], 4).token_ids)
