@@ -143,6 +143,13 @@ class Bench:
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
                   profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
                   log=self.log)
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():  # later stages (peers) start processes of their own on this GPU
+            torch.cuda.empty_cache()
 
     def peers(self) -> None:
         results = []
@@ -151,13 +158,15 @@ class Bench:
         for prompt, batch in self.args.peer_points:
             common = ["--model", self.args.model, "--batch", str(batch), "--prompt-len", str(prompt),
                       "--gpu-budget-gib", str(self.args.gpu_budget_gib)]
-            if batch == 1:
+            if "flexgen" in self.args.peers:
+                jobs.append(("flexgen", [str(peer_dir / "flexgen_opt.py"), *common, "--gen-len",
+                                         str(self.args.measure_gen_len), "--search", "--search-budget-s",
+                                         str(self.args.flexgen_search_s), "--max-candidates", "2"]))
+            if "accelerate" in self.args.peers and batch == 1:  # pageable copies: ~6 GB/s, a few tokens suffice
                 jobs.append(("accelerate", [str(peer_dir / "accelerate_opt.py"), *common, "--gen-len", "3"]))
-            jobs.append(("accelerate-pinned", [str(peer_dir / "accelerate_opt.py"), *common, "--pinned",
-                                               "--gen-len", "4"]))
-            jobs.append(("flexgen", [str(peer_dir / "flexgen_opt.py"), *common, "--gen-len",
-                                     str(self.args.measure_gen_len), "--search", "--search-budget-s",
-                                     str(self.args.flexgen_search_s), "--max-candidates", "3"]))
+            if "accelerate-pinned" in self.args.peers:
+                jobs.append(("accelerate-pinned", [str(peer_dir / "accelerate_opt.py"), *common, "--pinned",
+                                                   "--gen-len", "4"]))
         for name, command in jobs:
             if self.left() < 90:
                 self.summary["skipped"].append({"stage": "peers", "peer": name, "reason": "out of time"})
@@ -167,7 +176,7 @@ class Bench:
             record = {"peer": name, "command": command}
             try:
                 proc = subprocess.run([sys.executable, *command, "--json-out", str(json_out)], capture_output=True,
-                                      text=True, timeout=max(60.0, self.left() - 45))
+                                      text=True, timeout=min(self.args.peer_timeout_s, max(60.0, self.left() - 45)))
                 record["returncode"] = proc.returncode
                 record["stderr_tail"] = proc.stderr[-1500:]
                 if json_out.exists():
@@ -235,12 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-gen-len", type=int, default=8, help="new tokens each timed run generates")
     parser.add_argument("--profile-steps", type=int, default=1, help="decode steps of the per-sublayer profile")
     parser.add_argument("--max-run-seconds", type=float, default=40.0, help="skip runs predicted to take longer")
+    parser.add_argument("--peers", default="flexgen,accelerate,accelerate-pinned")
     parser.add_argument("--flexgen-search-s", type=float, default=150.0)
+    parser.add_argument("--peer-timeout-s", type=float, default=200.0, help="wall-clock cap of one peer run")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="wall-clock budget of this call")
     parser.add_argument("--profile", help="reuse this measured profile (a second call on the same machine)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: opt-125m, GPU emulated, quick")
     args = parser.parse_args(argv)
     args.contenders = [c for c in args.contenders.split(",") if c]
+    args.peers = [p for p in args.peers.split(",") if p]
     if args.emulate:
         args.model, args.gpu_budget_gib = "opt-125m", 0.1
     bench = Bench(args)
