@@ -3,7 +3,8 @@
 Every measurement reads data larger than the caches (weights rotated over several GiB by default), warms up
 first, repeats and takes the median. With CUDA it also measures PCIe (pinned H2D, D2H, both at once), the GPU's
 bf16 GEMM rate and HBM bandwidth, and the *concurrent* rate: the CPU reading DDR (GEMV) while DMA copies host
-memory to the GPU — the number that says whether splitting a sublayer across both paths pays.
+memory to the GPU — the number that says whether splitting a sublayer across both paths pays — and what one split
+costs to synchronise: handing a tiny op to a persistent worker thread and joining it, as the runtime does.
 
     from liac.probe import ProbeSizes, measure_host
     numbers = measure_host(ProbeSizes.full(), progress=print)
@@ -56,6 +57,7 @@ class Measurements:
     cpu_gemv_kernel: str  # 'F.linear' or 'torch.mv'
     cpu_kv_read_gb_per_s: float  # decode attention (SDPA) over a bf16 cache
     cpu_launch_seconds: float
+    split_sync_seconds: float  # one split's hand-off to the worker thread and join (+ event, merge launch)
     gpu_bf16_tflops: float | None = None
     gpu_hbm_gb_per_s: float | None = None
     gpu_launch_seconds: float | None = None
@@ -140,6 +142,61 @@ def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
             x.add_(1.0)
 
     return _median_seconds(run, 3, sync) / n
+
+
+def _split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
+    """What one split sublayer adds to synchronise its parts (docs/cost-model.md Eq. 15), as the runtime runs
+    them (runtime/executor.py: a persistent one-thread pool): the main thread hands the CPU part to the worker,
+    launches the GPU part (with CUDA: a tiny kernel and an event record), waits for the worker's result (and the
+    event), and launches the merge (a concatenation). The same ops run inline on the main thread are the
+    baseline; the median difference over `repeats` round trips is the synchronisation alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    host = torch.ones(64, dtype=torch.bfloat16)
+    device = torch.ones(64, dtype=torch.bfloat16, device="cuda") if use_gpu else host
+
+    def cpu_part():
+        with torch.inference_mode():  # grad mode is per thread, as in the runtime's worker
+            return host * 2.0
+
+    def gpu_part():
+        out = device * 2.0
+        if use_gpu:
+            event = torch.cuda.Event()
+            event.record()
+            return out, event
+        return out, None
+
+    def split():
+        pending = pool.submit(cpu_part)
+        out, event = gpu_part()
+        cpu_out = pending.result()
+        if event is not None:
+            event.synchronize()
+        return torch.cat((out, out if use_gpu else cpu_out))
+
+    def inline():
+        cpu_out = cpu_part()
+        out, event = gpu_part()
+        if event is not None:
+            event.synchronize()
+        return torch.cat((out, out if use_gpu else cpu_out))
+
+    try:
+        for fn in (split, inline):  # warm-up: thread start, kernel selection
+            for _ in range(100):
+                fn()
+        pairs = []
+        for _ in range(repeats):  # interleaved, so drifting load hits both alike
+            start = time.perf_counter()
+            split()
+            middle = time.perf_counter()
+            inline()
+            pairs.append((middle - start, time.perf_counter() - middle))
+    finally:
+        pool.shutdown(wait=True)
+    return max(0.0, statistics.median(a for a, _ in pairs) - statistics.median(b for _, b in pairs))
 
 
 def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
@@ -233,7 +290,7 @@ def _ddr_gib() -> float:
 def measure_host(sizes: ProbeSizes, progress: Callable[[str], None] | None = None,
                  use_gpu: bool | None = None) -> Measurements:
     """Run every measurement this host supports; `progress` is called with the name of each step."""
-    steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU launch"]
+    steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU launch", "split sync"]
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     if gpu:
         steps += ["GPU bf16 GEMM", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
@@ -255,8 +312,11 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[str], None] | None = Non
     kv = _kv_read_rate(sizes.weight_bytes, sizes.repeats)
     step("CPU launch")
     cpu_launch = _launch_seconds("cpu", lambda: None)
+    step("split sync")
+    sync = _split_sync_seconds(gpu, repeats=2000 if sizes.repeats >= 5 else 300)
     gpu_numbers = _gpu_numbers(sizes, step) if gpu else {}
     return Measurements(cpu_threads=torch.get_num_threads(), cpu_gemm_tflops=tuple(curve),
                         cpu_gemv_gb_per_s=rates[kernel], cpu_gemv_kernel=kernel, cpu_kv_read_gb_per_s=kv,
-                        cpu_launch_seconds=cpu_launch, cpu_ddr_gib=_ddr_gib(), **gpu_numbers)
+                        cpu_launch_seconds=cpu_launch, split_sync_seconds=sync, cpu_ddr_gib=_ddr_gib(),
+                        **gpu_numbers)
 

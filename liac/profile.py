@@ -78,6 +78,10 @@ class HardwareProfile:
     pcie_d2h_gb_per_s: float = spec_field("pinned device-to-host copy, GB/s", minimum=0)
     pcie_bidir_gb_per_s: float = spec_field("both directions at once, total GB/s", minimum=0)
     pcie_latency_seconds: float = spec_field("fixed cost of one transfer, s", minimum=0)
+    # Splits (docs/cost-model.md Eq. 15)
+    split_sync_seconds: float = spec_field("one split sublayer's synchronisation: handing its CPU part to the "
+                                           "runtime's worker thread and joining the parts (thread wake-up, event "
+                                           "wait, the merge launch), s", minimum=0)
     # Provenance
     sources: dict = spec_field("field name → where its number comes from")
     estimates: tuple[str, ...] = spec_field("fields whose numbers are estimates, not measurements")

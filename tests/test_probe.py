@@ -20,9 +20,11 @@ def test_profile_loads_and_records_what_was_measured(measured):
     base = resolve_profile("h200-amx16")
     assert profile.name == "host"
     # measured on this host: the CPU numbers carry 'liac profile' as their source and are not estimates
-    for field in ("cpu_amx_bf16_tflops", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s"):
+    for field in ("cpu_amx_bf16_tflops", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s", "split_sync_seconds"):
         assert profile.sources[field].startswith("liac profile"), field
         assert field not in profile.estimates
+    # a thread hand-off and join: microseconds, not zero, not milliseconds
+    assert 1e-7 < profile.split_sync_seconds < 5e-3
     assert [p.m for p in profile.cpu_amx_bf16_tflops] == [1, 16, 32, 64, 128, 256, 1024]
     assert all(p.tflops > 0 for p in profile.cpu_amx_bf16_tflops)
     # not measured without a GPU: taken from the base profile, and flagged as estimates

@@ -92,8 +92,11 @@ def test_budgets_are_capacity_minus_reserve():
     (lambda d: d.update(gpu_hbm_gib=-1.0), "gpu_hbm_gib", "at least 0"),
     (lambda d: d["cpu_amx_bf16_tflops"].reverse(), "cpu_amx_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d["sources"].pop("cpu_kv_read_gb_per_s"), "sources", "'cpu_kv_read_gb_per_s'"),
-    (lambda d: d["estimates"].append("speed"), "estimates[12]", "unknown field 'speed'"),
+    (lambda d: d["estimates"].append("speed"), "estimates[13]", "unknown field 'speed'"),
     (lambda d: d.pop("ddr_shared_gb_per_s"), "ddr_shared_gb_per_s", "required"),
+    # a profile written before splits had a synchronisation cost: no silent default, the field is named
+    (lambda d: (d.pop("split_sync_seconds"), d["sources"].pop("split_sync_seconds"),
+                d["estimates"].remove("split_sync_seconds")), "split_sync_seconds", "required"),
 ])
 def test_bad_profiles_name_the_field(tmp_path, edit, path, message):
     data = yaml.safe_load(_shipped_text("spr-h100"))
