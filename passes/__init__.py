@@ -7,7 +7,7 @@
         │  annotate_costs              passes/costs.py: price every unit on CPU and GPU per phase, + HardwareProfile
         ▼
     CostGraph                          plain ids and numbers; serialises to JSON
-        │  solve_placement             passes/ilp.py (+ ilp_master.py): PuLP ILP over units × placements × tiers
+        │  solve_placement             passes/ilp.py (+ ilp_master.py, ilp_knapsack.py): exact placement over units × tiers
         ▼
     Assignment
         │  emit_plan                   passes/emit.py: + workload and budgets

@@ -5,11 +5,12 @@ compute seconds on the CPU (per tier its operand lives in) and on the GPU, the b
 the bytes the CPU reads from DDR for it, its KV-cache write cost in each direction, and each activation edge's
 PCIe cost in each direction; plus memory per unit and the budgets. It serialises to JSON (`to_json`/`from_json`),
 so any solve can be replayed without a model. `layer_seconds` combines the numbers into a layer's time for a
-placement (Eqs. 4-8 of docs/cost-model.md); the ILP and the plan's predicted costs both call it, so a price has
-exactly one home.
+placement (Eqs. 4-8 and 18 of docs/cost-model.md: the chain, the stream, shared DDR, and the DMA's reads fitted
+beside the CPU's); the ILP and the plan's predicted costs both call it, so a price has exactly one home.
 
 A weight GEMM unit may also be *split*: the CPU computes a share of its output features from the weights' tier
-while the GPU computes the rest from streamed weights (Eqs. 15-17). The CostGraph prices each such unit at every
+while the GPU computes the rest from streamed weights (Eqs. 15-17), paying the profile's `split_sync_seconds` to
+hand the CPU part to the runtime's worker thread and join it. The CostGraph prices each such unit at every
 CPU share of its grid (`split_permille`), and `layer_seconds` takes per-unit GPU shares, 0/1 being whole
 placements.
 
@@ -36,7 +37,7 @@ __all__ = [
     "TIERS", "DEVICES", "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts",
     "PhaseCosts", "ClassCosts", "CostGraph", "annotate_costs", "node_seconds", "cpu_throughput_rows",
     "experts_touched", "transfer_seconds", "share_transfer_seconds", "splittable", "layer_seconds",
-    "placement_masks", "unit_breakdown",
+    "placement_masks", "unit_breakdown", "dma_beside_cpu_seconds",
 ]
 
 TIERS = ("hbm", "ddr", "cxl")
@@ -82,6 +83,8 @@ class UnitCosts:
     Attributes:
         name: unit name ('qkv', 'attn_score', 'fc1', 'lm_head').
         cpu_seconds: per tier (TIERS order), CPU compute when the operand lives there (Eq. 1).
+        cpu_beside_bytes: per tier (TIERS order), the DDR bytes PCIe DMA can read while the CPU computes it
+            there (Eq. 18).
         cpu_allows_hbm: whether the CPU may compute it with its operand in HBM (no: weights, decode KV).
         gpu_seconds: GPU compute, operand read from HBM (resident or staged) (Eq. 1).
         stream_bytes: bytes copied to the GPU when it computes there with its operand off HBM (Eq. 5).
@@ -90,6 +93,7 @@ class UnitCosts:
         kv_to_host_seconds: writing its new K, V from the GPU into a DDR/CXL KV cache (Eq. 3).
         split_cpu_seconds: [grid point][tier][step], the CPU part of a split at CPU share
             `CostGraph.split_permille[k]` / 1000 (Eq. 15); empty when the unit cannot split.
+        split_cpu_beside_bytes: [grid point][tier][step], DDR bytes DMA can read beside the CPU part (Eq. 18).
         split_gpu_seconds: [grid point][step], the GPU part (the rest of the output features) (Eq. 15).
         split_stream_bytes: [grid point][step], bytes the GPU part streams when the weights are off HBM (Eq. 16).
         split_cpu_read_bytes: [grid point][step], bytes the CPU part reads from the weights' tier (Eq. 16).
@@ -97,6 +101,7 @@ class UnitCosts:
 
     name: str
     cpu_seconds: tuple[tuple[float, ...], ...]
+    cpu_beside_bytes: tuple[tuple[float, ...], ...]
     cpu_allows_hbm: bool
     gpu_seconds: tuple[float, ...]
     stream_bytes: tuple[float, ...]
@@ -104,6 +109,7 @@ class UnitCosts:
     kv_to_gpu_seconds: tuple[float, ...]
     kv_to_host_seconds: tuple[float, ...]
     split_cpu_seconds: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    split_cpu_beside_bytes: tuple[tuple[tuple[float, ...], ...], ...] = ()
     split_gpu_seconds: tuple[tuple[float, ...], ...] = ()
     split_stream_bytes: tuple[tuple[float, ...], ...] = ()
     split_cpu_read_bytes: tuple[tuple[float, ...], ...] = ()
@@ -166,6 +172,7 @@ class CostGraph:
     tied_weight_bytes: int = 0  # weights the embed and head units share (a tied LM head): stored once per tier
     split_permille: tuple[int, ...] = ()  # CPU shares (permille) split units are priced at; () = no splits
     pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
+    split_sync_seconds: float = 0.0  # Eq. 15: handing a split unit's CPU part to the worker and joining the parts
 
     def layer_class(self, name: str) -> ClassCosts:
         for costs in self.classes:
@@ -248,7 +255,17 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     (a float or an array of them), the node's part in a split unit that computes that share of the output features
     on `device` (Eq. 15).
     """
-    batch, query, context = point
+    if device == "cpu":
+        return cpu_node_prices(sub, tier, phase, point, hw, share)[0]
+    flops, weights, kv, activations = _node_terms(sub, point, share)
+    # Streamed operands are staged into HBM first (Eq. 5), so the kernel always reads HBM.
+    return np.maximum(flops / (hw.gpu_bf16_tflops * 1e12),
+                      (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
+
+
+def _node_terms(sub: Sublayer, point: tuple[int, int, int], share):
+    """(FLOPs, weight bytes, KV bytes, activation bytes) of a node, or of its part at `share` (Eq. 15)."""
+    batch, query, _ = point
     flops = float(sub.flops(*point))
     weights = _weights_touched(sub, batch, query)
     kv = float(sub.kv_read(*point))
@@ -256,11 +273,18 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     if not (np.isscalar(share) and share == 1.0):
         flops, weights, a_in, a_out = _shared_terms(sub, np.asarray(share, dtype=np.float64), flops, weights,
                                                     a_in, a_out)
-    activations = a_in + a_out
-    if device == "gpu":
-        # Streamed operands are staged into HBM first (Eq. 5), so the kernel always reads HBM.
-        return np.maximum(flops / (hw.gpu_bf16_tflops * 1e12),
-                          (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
+    return flops, weights, kv, a_in + a_out
+
+
+def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int, int], hw: HardwareProfile,
+                    share=1.0):
+    """(seconds, beside bytes) of one node on the CPU, its operand in `tier` (Eqs. 1, 18).
+
+    Seconds: Eq. 1. Beside bytes: what PCIe DMA can read from DDR while this kernel runs (Eq. 18): during its
+    roofline part, whatever the shared DDR rate leaves beside the kernel's own reads of DDR (its weights in DDR, its
+    decode KV cache in DDR), at most the PCIe rate; during its launch overhead, the DMA alone.
+    """
+    flops, weights, kv, activations = _node_terms(sub, point, share)
     if tier == "cxl" and hw.cxl_gb_per_s <= 0:
         tier = "ddr"  # a profile without CXL never offers the tier (CostGraph.tiers); keep the row finite
     weight_rate = hw.cxl_gb_per_s if tier == "cxl" else hw.cpu_ddr_read_gb_per_s
@@ -269,8 +293,13 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     if phase == "decode" and tier == "cxl":
         kv_rate = min(hw.cxl_gb_per_s, hw.cpu_kv_read_gb_per_s)
     memory_seconds = weights / (weight_rate * GB) + kv / (kv_rate * GB) + activations / (hw.cpu_ddr_read_gb_per_s * GB)
-    rows = cpu_throughput_rows(sub, batch, query)
-    return np.maximum(flops / (hw.cpu_tflops_at(rows) * 1e12), memory_seconds) + hw.cpu_launch_seconds
+    rows = cpu_throughput_rows(sub, batch=point[0], query=point[1])
+    busy = np.maximum(flops / (hw.cpu_tflops_at(rows) * 1e12), memory_seconds)
+    # The DDR bytes Eq. 6 counts for it (R_cpu,ddr): its weights, and a decode KV cache, when they are in DDR.
+    ddr_bytes = (weights + (kv if phase == "decode" else 0.0)) if tier == "ddr" else 0.0 * weights
+    h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
+    beside = np.minimum(h * busy, np.maximum(s * busy - ddr_bytes, 0.0)) + min(h, s) * hw.cpu_launch_seconds
+    return busy + hw.cpu_launch_seconds, beside
 
 
 def splittable(subs: list[Sublayer]) -> bool:
@@ -311,12 +340,15 @@ def _operand(subs: list[Sublayer]) -> str:
 
 def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, points, hw: HardwareProfile,
                 split_permille: tuple[int, ...]) -> UnitCosts:
-    cpu = []
+    cpu, beside = [], []
     for tier in TIERS:
-        row = []
+        row, room = [], []
         for point in points:
-            row.append(float(sum(node_seconds(s, "cpu", tier, phase, point, hw) for s in subs)))
+            prices = [cpu_node_prices(s, tier, phase, point, hw) for s in subs]
+            row.append(float(sum(seconds for seconds, _ in prices)))
+            room.append(float(sum(nbytes for _, nbytes in prices)))
         cpu.append(tuple(row))
+        beside.append(tuple(room))
     gpu = tuple(float(sum(node_seconds(s, "gpu", "hbm", phase, p, hw) for s in subs)) for p in points)
     stream, cpu_read, kv_up, kv_down = [], [], [], []
     for batch, query, context in points:
@@ -338,7 +370,8 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
     split = {}
     if split_permille and operand == "weights" and splittable(subs):
         split = _split_costs(subs, phase, points, hw, split_permille)
-    return UnitCosts(name=name, cpu_seconds=tuple(cpu), cpu_allows_hbm=allows_hbm, gpu_seconds=gpu,
+    return UnitCosts(name=name, cpu_seconds=tuple(cpu), cpu_beside_bytes=tuple(beside), cpu_allows_hbm=allows_hbm,
+                     gpu_seconds=gpu,
                      stream_bytes=tuple(stream), cpu_read_bytes=tuple(cpu_read), kv_to_gpu_seconds=tuple(kv_up),
                      kv_to_host_seconds=tuple(kv_down), **split)
 
@@ -360,17 +393,22 @@ def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,
     stream = (1.0 - cpu_share) * gemm_bytes + 2.0 * gemm_bytes / rows + other_bytes
     read = cpu_share * gemm_bytes + other_bytes
     cpu = np.zeros((len(split_permille), len(TIERS), len(points)))
+    beside = np.zeros_like(cpu)
     gpu = np.zeros((len(split_permille), len(points)))
     for step, point in enumerate(points):
         for tier_index, tier in enumerate(TIERS):
-            cpu[:, tier_index, step] = sum(node_seconds(s, "cpu", tier, phase, point, hw, cpu_share) for s in subs)
+            for sub in subs:
+                seconds, nbytes = cpu_node_prices(sub, tier, phase, point, hw, cpu_share)
+                cpu[:, tier_index, step] += seconds
+                beside[:, tier_index, step] += nbytes
         gpu[:, step] = sum(node_seconds(s, "gpu", "hbm", phase, point, hw, 1.0 - cpu_share) for s in subs)
 
     def nested(array):
         return tuple(nested(a) for a in array) if array.ndim > 1 else tuple(float(v) for v in array)
 
     steps = len(points)
-    return {"split_cpu_seconds": nested(cpu), "split_gpu_seconds": nested(gpu),
+    return {"split_cpu_seconds": nested(cpu), "split_cpu_beside_bytes": nested(beside),
+            "split_gpu_seconds": nested(gpu),
             "split_stream_bytes": nested(np.repeat(stream[:, None], steps, axis=1)),
             "split_cpu_read_bytes": nested(np.repeat(read[:, None], steps, axis=1))}
 
@@ -469,7 +507,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      h2d_gb_per_s=hw.pcie_h2d_gb_per_s, cxl_stream_gb_per_s=cxl_stream,
                      ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes),
                      tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
-                     pcie_latency_seconds=hw.pcie_latency_seconds)
+                     pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds)
 
 
 def _workspace_bytes(subs: list[Sublayer], points) -> float:
@@ -505,35 +543,63 @@ def _cpu_permille(shares: np.ndarray) -> np.ndarray:
     return np.rint((1.0 - shares) * 1000.0).astype(np.int64)
 
 
-def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int):
-    """Per distinct CPU permille in `permille` [O]: (compute seconds [O, steps] (Eqs. 1, 15), streamed bytes
-    [O, steps], bytes the CPU reads from the tier [O, steps], allowed [O])."""
+def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int) -> dict:
+    """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
+    'stream' bytes to the GPU, 'read' bytes the CPU reads from the tier, 'cpu' seconds the CPU computes and the
+    DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether the option is allowed."""
     tier_index = TIERS.index(tier)
-    compute = np.zeros((permille.size, steps))
-    stream = np.zeros((permille.size, steps))
-    read = np.zeros((permille.size, steps))
+    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
     ok = np.ones(permille.size, dtype=bool)
     grid = {p: k for k, p in enumerate(costs.split_permille)}
     for option, value in enumerate(permille):
         if value == 0:
-            compute[option] = unit.gpu_seconds
-            stream[option] = unit.stream_bytes
+            out["compute"][option] = unit.gpu_seconds
+            out["stream"][option] = unit.stream_bytes
         elif value == 1000:
-            compute[option] = unit.cpu_seconds[tier_index]
-            read[option] = unit.cpu_read_bytes
+            out["compute"][option] = out["cpu"][option] = unit.cpu_seconds[tier_index]
+            out["beside"][option] = unit.cpu_beside_bytes[tier_index]
+            out["read"][option] = unit.cpu_read_bytes
             ok[option] = tier != "hbm" or unit.cpu_allows_hbm
         elif unit.can_split and int(value) in grid:
             k = grid[int(value)]
-            # Eq. 15: both parts run at once; the unit is done when the slower one is
-            compute[option] = np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
-            stream[option] = unit.split_stream_bytes[k]
-            read[option] = unit.split_cpu_read_bytes[k]
+            # Eq. 15: both parts run at once; the unit is done when the slower one is, and the hand-off of the CPU
+            # part to the worker thread and the join cost the sync on top
+            out["compute"][option] = (np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
+                                      + costs.split_sync_seconds)
+            out["cpu"][option] = unit.split_cpu_seconds[k][tier_index]
+            out["beside"][option] = unit.split_cpu_beside_bytes[k][tier_index]
+            out["stream"][option] = unit.split_stream_bytes[k]
+            out["read"][option] = unit.split_cpu_read_bytes[k]
             ok[option] = tier in ("ddr", "cxl")  # a split reads its CPU share from DDR/CXL, never from HBM
         elif unit.can_split:
             raise ValueError(f"unit '{unit.name}' is priced at CPU shares {costs.split_permille} permille, not {value}")
         else:
             ok[option] = False  # this unit cannot split
-    return compute, stream, read, ok
+    out["ok"] = ok
+    return out
+
+
+def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,
+                           shared_gb_per_s: float):
+    """Eq. 18: the least step time that fits the DMA's reads of DDR beside the CPU's (elementwise over arrays).
+
+    A fluid model of the memory system. While the CPU computes (`cpu_seconds` of the chain), DMA can read the
+    `beside_bytes` the CPU's kernels leave it (Eq. 18a, per kernel: what the shared DDR rate leaves beside the
+    kernel's own reads, at most the PCIe rate; its launch overhead at min(PCIe, shared)); the rest of the chain
+    (GPU work, transfers, a split's sync) it reads DDR alone, at min(PCIe, shared). When the streamed bytes do not
+    fit, the step stretches: first by slowing the CPU's reads (each second of it gives the DMA `shared` bytes,
+    until the DMA beside the CPU runs at the PCIe rate: CPU seconds = cpu_bytes / (shared − PCIe)), then by
+    waiting for the DMA alone. So where the CPU alone saturates DDR (shared = its rate), moving a unit's bytes from
+    the CPU to PCIe gains only what DMA reads while the CPU does not read DDR.
+    """
+    h, s = h2d_gb_per_s * GB, shared_gb_per_s * GB
+    chain = np.asarray(chain, dtype=np.float64)
+    gaps = np.maximum(chain - cpu_seconds, 0.0)
+    deficit = np.maximum(stream_bytes - beside_bytes - min(h, s) * gaps, 0.0)
+    if s <= h:  # the DMA alone gets the shared rate: every second of stretch gives it that
+        return chain + deficit / s
+    slow = np.maximum(cpu_bytes / (s - h) - cpu_seconds, 0.0)
+    return chain + np.where(deficit <= s * slow, deficit / s, slow + (deficit - s * slow) / h)
 
 
 def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
@@ -561,23 +627,25 @@ def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[st
     stream_ddr = np.zeros((num, steps))
     stream_cxl = np.zeros((num, steps))
     cpu_ddr = np.zeros((num, steps))
+    cpu_seconds = np.zeros((num, steps))
+    beside = np.zeros((num, steps))
     valid = np.ones(num, dtype=bool)
     latency = costs.pcie_latency_seconds
     kv_tier = next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
     for index, unit in enumerate(pc.units):
         values, inverse = np.unique(permille[:, index], return_inverse=True)
+        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0)
+        valid &= options["ok"][inverse]
         if pc.steps == 0:
-            _, _, _, ok = _unit_options(costs, unit, tiers[index], values, 0)
-            valid &= ok[inverse]
             continue
-        compute, stream, read, ok = _unit_options(costs, unit, tiers[index], values, steps)
-        valid &= ok[inverse]
-        chain += compute[inverse]  # Eqs. 1, 15
+        chain += options["compute"][inverse]  # Eqs. 1, 15
+        cpu_seconds += options["cpu"][inverse]
+        beside += options["beside"][inverse]
         if tiers[index] == "ddr":
-            stream_ddr += stream[inverse]
-            cpu_ddr += read[inverse]
+            stream_ddr += options["stream"][inverse]
+            cpu_ddr += options["read"][inverse]
         elif tiers[index] == "cxl":
-            stream_cxl += stream[inverse]
+            stream_cxl += options["stream"][inverse]
         if kv_tier is not None:  # Eq. 3: new K, V go to the KV tier's side of PCIe (a split: its parts' shares)
             if kv_tier == "hbm":
                 chain += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
@@ -591,7 +659,9 @@ def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[st
         chain += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
     t_stream = stream_ddr / (costs.h2d_gb_per_s * GB) + stream_cxl / (costs.cxl_stream_gb_per_s * GB)  # Eq. 5
     t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
-    step_seconds = np.maximum(chain, np.maximum(t_stream, t_shared))  # Eq. 7
+    t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
+                                      costs.ddr_shared_gb_per_s)  # Eq. 18
+    step_seconds = np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared))  # Eq. 7
     staging = (stream_ddr + stream_cxl).max(axis=1)  # Eq. 9
     return step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1)  # Eq. 8
 
@@ -617,7 +687,8 @@ def unit_breakdown(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[s
         if pc.steps == 0:
             out.append((unit.name, device, 0.0, 0.0, 0.0))
             continue
-        compute, stream_bytes, _, _ = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
+        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
+        compute, stream_bytes = options["compute"], options["stream"]
         transfer = np.zeros((1, pc.steps))
         if kv_tier == "hbm":
             transfer += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)

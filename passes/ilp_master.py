@@ -26,6 +26,7 @@ import pulp
 
 from liac.errors import InfeasibleError, LiacError
 from liac.passes.costs import CostGraph
+from liac.passes.ilp_knapsack import applies, solve_level
 from liac.profile import GIB
 
 if TYPE_CHECKING:  # ilp.py imports this module; the records are only annotations here
@@ -90,22 +91,24 @@ def _quiet_stdout():
         os.close(saved)
 
 
-def _levels(problem, name: str, members: list[tuple[float, object, int]], relax: bool = False):
+def _levels(problem, name: str, members: list[tuple[float, object, str, int]], relax: bool = False):
     """A shared buffer sized by the largest member in use (Eq. 12), as a staircase of binaries.
 
-    `members` are (size GiB, count variable, count bound). Level j (sizes sorted s_1 < … < s_m) has a binary z_j
-    that must be 1 when any member of size ≥ s_j is used: Σ counts of those members ≤ bound · z_j. The buffer is
-    Σ_j (s_j − s_{j−1}) · z_j. Summing the counts per level (rather than one binary per configuration) gives a much
-    tighter LP relaxation: when every layer streams, the relaxation already charges the full buffer.
+    `members` are (size GiB, count variable, layer class, layers in the class). Level j (sizes sorted
+    s_1 < … < s_m) has a binary z_j that must be 1 when any member of size ≥ s_j is used: Σ counts of those
+    members ≤ bound · z_j, the bound being the layers of the classes they belong to (a class's counts sum to its
+    layers, Eq. 10). The buffer is Σ_j (s_j − s_{j−1}) · z_j. Summing the counts per level (rather than one binary
+    per configuration) gives a much tighter LP relaxation: when every layer streams, the relaxation already charges
+    the full buffer.
     """
-    sizes = sorted({size for size, _, _ in members if size > 0})
+    sizes = sorted({size for size, _, _, _ in members if size > 0})
     total, previous, below = [], 0.0, None
     for level, size in enumerate(sizes):
         z = problem.add_variable(f"{name}_level[{level}]", lowBound=0, upBound=1,
                                  cat="Continuous" if relax else "Binary")
-        users = [(var, bound) for s, var, bound in members if s >= size]
-        problem += pulp.lpSum(var for var, _ in users) <= sum(bound for _, bound in users) * z, \
-            f"{name}_used[{level}]"
+        users = [(var, layer_class, layers) for s, var, layer_class, layers in members if s >= size]
+        bound = sum(dict((layer_class, layers) for _, layer_class, layers in users).values())
+        problem += pulp.lpSum(var for var, _, _ in users) <= bound * z, f"{name}_used[{level}]"
         if below is not None:
             problem += z <= below, f"{name}_stair[{level}]"
         total.append((size - previous) * z)
@@ -154,9 +157,9 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
             for tier in memory:
                 if config.tier_bytes(tier):
                     memory[tier].append(config.tier_bytes(tier) / GIB * var)
-            stagers.append((config.staging_bytes / GIB, var, cls.count))
+            stagers.append((config.staging_bytes / GIB, var, cls.layer_class, cls.count))
             if config.uses_gpu:
-                workers.append((cls.workspace_bytes / GIB, var, cls.count))
+                workers.append((cls.workspace_bytes / GIB, var, cls.layer_class, cls.count))
         problem += pulp.lpSum(offered) == cls.count, f"layers[{cls.layer_class}]"  # Eq. 10
     if staging_level is None:
         staging = _levels(problem, "staging", stagers)
@@ -219,13 +222,14 @@ def _gap(problem, solver_name: str) -> float:
     return 0.0 if problem.sol_status == pulp.LpSolutionOptimal else 1.0
 
 
-def _useful_until(options: list[LayerConfig], chunk: int = 256) -> np.ndarray:
+def _useful_until(options: list[LayerConfig], tiers: tuple[str, ...] = TIER_NAMES, chunk: int = 256) -> np.ndarray:
     """Per decoder configuration, the staging level from which another configuration streaming at most that much
-    dominates it in (seconds, bytes per tier, GPU use): at a fixed level staging no longer tells configurations
-    apart, so from there on it is not worth offering (inf: never). Dominance only grows with the level, so
-    configuration c is worth offering at level S exactly when staging_c ≤ S < useful_until[c]."""
-    table = np.array([[c.seconds, c.hbm_bytes, c.ddr_bytes, c.cxl_bytes, c.uses_gpu] for c in options],
-                     dtype=np.float64).reshape(len(options), 5)
+    dominates it in (seconds, bytes per tier in `tiers`, GPU use): at a fixed level staging no longer tells
+    configurations apart, so from there on it is not worth offering (inf: never). Dominance only grows with the
+    level, so configuration c is worth offering at level S exactly when staging_c ≤ S < useful_until[c]. Tiers
+    left out of `tiers` are ones whose capacity no choice can exceed (`_tiers_that_can_bind`)."""
+    table = np.array([[c.seconds, *(c.tier_bytes(t) for t in tiers), c.uses_gpu] for c in options],
+                     dtype=np.float64).reshape(len(options), len(tiers) + 2)
     staging = np.array([c.staging_bytes for c in options], dtype=np.float64)
     until = np.full(len(options), np.inf)
     for start in range(0, len(options), chunk):
@@ -234,6 +238,22 @@ def _useful_until(options: list[LayerConfig], chunk: int = 256) -> np.ndarray:
                         & np.any(table[None, :, :] < block[:, None, :], axis=2))  # [r, n]
         until[start:start + chunk] = np.where(dominated_by, staging[None, :], np.inf).min(axis=1)
     return until
+
+
+def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> tuple[str, ...]:
+    """Tiers whose capacity some choice of configurations could exceed. Without CXL a layer's weights and KV are in
+    HBM or DDR, so using less of one means more of the other and no configuration dominates another in both; when
+    even the most DDR-hungry choice fits DDR, DDR cannot bind and dominance need not look at it (near-twin
+    configurations, e.g. fc1 or fc2 resident, then collapse, which keeps the level problems easy)."""
+    host = max(cls.workspace_bytes for cls in costs.classes)
+    capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
+    out = []
+    for tier in TIER_NAMES:
+        most = sum(cls.count * max((c.tier_bytes(tier) for c in configs[cls.layer_class]), default=0)
+                   for cls in costs.classes)
+        if capacity[tier] is None or most > capacity[tier]:
+            out.append(tier)
+    return tuple(out)
 
 
 def _useful_at(options: list[LayerConfig], until: np.ndarray, staging_level: int) -> set[int]:
@@ -305,7 +325,9 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
     solver_name, solver = make_solver(options)
     levels = _staging_levels(configs)
     bounds = _LevelBounds(costs, configs, levels)
-    until = _useful_until(configs["decoder"])
+    bound_tiers = _tiers_that_can_bind(costs, configs)
+    until = _useful_until(configs["decoder"], bound_tiers)
+    by_knapsack = applies(costs, bound_tiers)  # levels with HBM the only binding capacity: exact enumeration
     # Branch and bound over intervals of staging levels, best bound first. A node (first, last, relaxed) covers
     # the plans whose staging level is one of levels[first..last]; its LP relaxation offers every configuration
     # streaming at most levels[last] while reserving only (p + 1)·levels[first], so it bounds them all, and a
@@ -330,6 +352,12 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
                 heapq.heappush(heap, (max(bound, bounds.bound(low, high)), low, high, False))
             continue
         useful = _useful_at(configs["decoder"], until, levels[first])
+        if by_knapsack:
+            level = solve_level(costs, configs, levels[first], useful, None if best is None else best[0])
+            if level is not None:  # None: the enumeration grew too large, the ILP solver takes the level
+                if level.counts:
+                    best = (level.seconds, level.counts, 0.0, True)
+                continue
         problem, count, _ = _build(costs, configs, staging_level=(levels[first], levels[first]), useful=useful)
         cutoff = None if best is None else best[0] - 1e-9 * abs(best[0])
         if not _solve(problem, solver if cutoff is None else make_solver(options, cutoff)[1]):
@@ -338,8 +366,6 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
         if best is None or value < cutoff:  # below the cutoff, the level was solved to optimality
             counts = {key: int(round(var.value() or 0)) for key, var in count.items()}
             best = (value, counts, _gap(problem, solver_name), problem.sol_status == pulp.LpSolutionOptimal)
-    if best is None:
-        _diagnose(costs, configs, solver)
     if best is None:
         _diagnose(costs, configs, solver)
     return MasterSolution(counts=best[1], solver=solver_name, gap=best[2], proven=best[3])
