@@ -22,8 +22,9 @@ from liac.models.config import ModelConfig
 from liac.plan import OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml, write_atomic, yaml_dump
 from liac.profile import HardwareProfile, resolve_profile
 
-__all__ = ["DEFAULT_PROFILE", "INDEX_NAME", "CompiledPoint", "CompileResult", "UnitPrice", "compile_plans",
-           "write_plans", "plan_costs", "unit_prices", "parse_batches", "parse_bytes", "policy_summary"]
+__all__ = ["DEFAULT_PROFILE", "INDEX_NAME", "CompiledPoint", "CompileResult", "UnitPrice", "DdrSharing",
+           "compile_plans", "write_plans", "plan_profile", "plan_costs", "unit_prices", "ddr_sharing",
+           "parse_batches", "parse_bytes", "policy_summary"]
 
 DEFAULT_PROFILE = "h200-amx16"  # the project's own machine (liac/profiles/h200-amx16.yaml)
 INDEX_NAME = "index.yaml"
@@ -298,7 +299,7 @@ class UnitPrice:
     each device, given where the plan puts its neighbours (a split neighbour's parts per Eq. 17);
     `stream_seconds_on_gpu` is what streaming its operand would take (0 when in HBM). `device` is the plan's
     placement ('cpu', 'gpu' or 'split'); for a split, `cpu_permille` is the CPU's share and `split_seconds` the
-    slower of its two parts (Eq. 15).
+    slower of its two parts plus the profile's `split_sync_seconds` (Eq. 15).
     """
 
     group: str
@@ -314,6 +315,21 @@ class UnitPrice:
     split_seconds: float | None = None
 
 
+def plan_profile(plan: OffloadPlan, hw: HardwareProfile | str | None = None) -> HardwareProfile:
+    """The profile a plan was compiled for: the shipped one it names, unless `hw` (name, file or profile) is given.
+
+    Raises:
+        LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
+    """
+    spec = plan.spec
+    profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile") if hw is None else (
+        hw if isinstance(hw, HardwareProfile) else resolve_profile(hw))
+    if hw is None and profile.sha256() != spec.hardware.sha256:
+        raise LiacError("spec.hardware.sha256", f"profile '{profile.name}' has changed since the plan was compiled "
+                        "(sha256 differs): pass the profile file it was compiled with")
+    return profile
+
+
 def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None):
     """The CostGraph a plan was compiled from, rebuilt from its spec (profile by name unless `hw` is given),
     pricing splits at the compiler's grid and at every share the plan uses.
@@ -324,11 +340,7 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
     from liac.passes.costs import SPLIT_PERMILLE, TierBudgets, Workload, annotate_costs
 
     spec = plan.spec
-    profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile") if hw is None else (
-        hw if isinstance(hw, HardwareProfile) else resolve_profile(hw))
-    if hw is None and profile.sha256() != spec.hardware.sha256:
-        raise LiacError("spec.hardware.sha256", f"profile '{profile.name}' has changed since the plan was compiled "
-                        "(sha256 differs): pass the profile file it was compiled with")
+    profile = plan_profile(plan, hw)
     cfg = plan.model_config
     if graph is None:
         from liac.passes.trace import trace_model
@@ -340,6 +352,31 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
     shares = {s.cpu_permille(phase) for g in spec.layer_groups for s in g.sublayers for phase in ("prefill", "decode")}
     grid = tuple(sorted(set(SPLIT_PERMILLE) | {p for p in shares if 0 < p < 1000}))
     return annotate_costs(graph, profile, work, budgets, split_permille=grid)
+
+
+@dataclass(frozen=True)
+class DdrSharing:
+    """How the CPU and PCIe DMA share DDR on a profile (docs/cost-model.md Eqs. 6, 18): why a split pays.
+
+    `beside_gb_per_s` is what DMA can read while the CPU reads DDR at its own rate, min(PCIe, shared − CPU): 0
+    when the CPU alone saturates DDR, and then a split gains only from DMA reading while the CPU does not.
+    """
+
+    cpu_gb_per_s: float
+    pcie_gb_per_s: float
+    shared_gb_per_s: float
+    split_sync_seconds: float
+
+    @property
+    def beside_gb_per_s(self) -> float:
+        return max(0.0, min(self.pcie_gb_per_s, self.shared_gb_per_s - self.cpu_gb_per_s))
+
+
+def ddr_sharing(plan: OffloadPlan, hw: HardwareProfile | str | None = None) -> DdrSharing:
+    """The DDR-sharing numbers of the plan's profile (see `plan_profile` for `hw`)."""
+    profile = plan_profile(plan, hw)
+    return DdrSharing(profile.cpu_ddr_read_gb_per_s, profile.pcie_h2d_gb_per_s, profile.ddr_shared_gb_per_s,
+                      profile.split_sync_seconds)
 
 
 def unit_prices(plan: OffloadPlan, costs=None, hw=None, graph=None) -> list[UnitPrice]:

@@ -163,8 +163,9 @@ def _flip_reason(operand: str, tier: str, price, delta, staging_needed, staging_
             "layers and tiers keeps it here")
 
 
-def _split_reason(price, deltas: dict) -> str:
-    """Why a split: what the layer would take with the unit wholly on each device instead."""
+def _split_reason(price, deltas: dict, sharing) -> str:
+    """Why a split: what the layer would take with the unit wholly on each device instead, and how DDR is shared
+    (docs/cost-model.md Eq. 18: the headroom DMA has beside the CPU's reads)."""
     parts = []
     for target, name in ((0.0, "CPU"), (1.0, "GPU")):
         delta = deltas.get(target)
@@ -173,18 +174,27 @@ def _split_reason(price, deltas: dict) -> str:
         else:
             parts.append(f"wholly on the {name} the layer would take {_ms(delta)} "
                          + ("longer" if delta >= 0 else "less"))
-    return f"split, {price.cpu_permille}‰ of its output features on the CPU: " + "; ".join(parts)
+    if sharing.beside_gb_per_s > 0:
+        ddr = (f"DDR serves {sharing.shared_gb_per_s:.0f} GB/s to the CPU ({sharing.cpu_gb_per_s:.0f}) and PCIe "
+               f"({sharing.pcie_gb_per_s:.0f}) together: {sharing.beside_gb_per_s:.0f} GB/s of headroom beside the "
+               "CPU's reads")
+    else:
+        ddr = (f"the CPU alone saturates DDR ({sharing.cpu_gb_per_s:.0f} of {sharing.shared_gb_per_s:.0f} GB/s): "
+               "PCIe reads it only while the CPU does not (GPU work, launches)")
+    return (f"split, {price.cpu_permille}‰ of its output features on the CPU: " + "; ".join(parts)
+            + f"; {ddr}; sync {sharing.split_sync_seconds * 1e6:.0f} µs")
 
 
 def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
     import numpy as np
 
-    from liac.api import plan_costs, unit_prices
+    from liac.api import ddr_sharing, plan_costs, unit_prices
     from liac.passes.costs import layer_seconds
     from liac.passes.ilp import unit_tiers
 
     costs = plan_costs(plan, hw=hw)
+    sharing = ddr_sharing(plan, hw=hw)
     prices = {(p.group, p.unit, p.phase): p for p in unit_prices(plan, costs=costs)}
     spec = plan.spec
     used_hbm = next((u.used_bytes for u in plan.status.memory if u.tier == "hbm"), 0)
@@ -215,7 +225,7 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
                           for row, target in flips[index]}
                 if price.device == "split":
                     delta = min((d for d in deltas.values() if d is not None), default=None)
-                    reason = _split_reason(price, deltas)
+                    reason = _split_reason(price, deltas, sharing)
                 else:
                     row = flips[index][0][0]
                     delta = deltas[flips[index][0][1]]
