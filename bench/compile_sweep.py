@@ -7,8 +7,11 @@ solve and plan emission, and records each point's solver status, proven gap, obj
 run (HiGHS, `--policy whole`) compiles the same points without split sublayers. A second, untimed-goal sweep
 (512..2048, DDR budget lifted to 4 TiB like the paper's analytical points) records where decode moves the weight
 GEMMs to the GPU. The split sweep compiles OPT-30B on h200-amx16 with a 24 GiB GPU budget (the H200 benchmark's
-setting) with and without splits, and LIA's CPU-only and stream-only policies, at batch 1..256. Timings vary with
-machine load (other jobs share the 2 cores): the goal is checked on the total of compile seconds.
+setting) with and without splits, and LIA's CPU-only and stream-only policies, at batch 1..256. The split
+decisions section compiles OPT-175B (default budgets) and OPT-30B (24 GiB GPU budget) at batch 1 and 256 on every
+shipped profile and on spr-h100 with the CPU alone saturating DDR (ddr_shared = its own rate): how many decoder
+layers split per phase, and the gain over whole placements. Timings vary with machine load (other jobs share the
+2 cores): the goal is checked on the total of compile seconds.
 """
 
 from __future__ import annotations
@@ -100,6 +103,61 @@ def _split_sweep(batches) -> dict:
                     "whole placements only, lia-cpu and lia-gpu", "runs": runs, "split_vs_whole": gains}
 
 
+def _split_decisions() -> dict:
+    """Per profile (the shipped ones and spr-h100 with saturated DDR), model and batch: split layers per phase,
+    decode s/token and the total with and without splits."""
+    import dataclasses
+
+    from liac.errors import InfeasibleError
+    from liac.models import ZOO
+    from liac.passes.costs import TierBudgets, Workload, annotate_costs
+    from liac.passes.ilp import SolverOptions, solve_placement
+    from liac.passes.trace import trace_model
+    from liac.profile import GIB, profile_names, resolve_profile
+
+    profiles = {name: resolve_profile(name) for name in profile_names()}
+    base = profiles["spr-h100"]
+    profiles["spr-h100 saturated"] = dataclasses.replace(base, ddr_shared_gb_per_s=base.cpu_ddr_read_gb_per_s)
+    rows = []
+    for model, gpu_gib in (("opt-175b", None), ("opt-30b", 24)):
+        graph = trace_model(ZOO[model])
+        for name, hw in profiles.items():
+            budgets = TierBudgets(hw.gpu_budget_bytes if gpu_gib is None else gpu_gib * GIB, hw.cpu_budget_bytes,
+                                  hw.cxl_budget_bytes)
+            for batch in (1, 256):
+                costs = annotate_costs(graph, hw, Workload(batch, 128, 32), budgets)
+                start = time.perf_counter()
+                try:
+                    split, report = solve_placement(costs)
+                    whole, whole_report = solve_placement(costs, SolverOptions(policy="whole"))
+                except InfeasibleError as e:
+                    rows.append({"profile": name, "model": model, "batch_size": batch, "infeasible": e.message})
+                    continue
+                seconds = time.perf_counter() - start
+
+                def layers(assignment, phase):
+                    return sum(n for cls, c, n in assignment.choices
+                               if cls == "decoder" and any(0 < p < 1000 for p in c.cpu_permille(phase)))
+
+                def decode(assignment):
+                    return sum(c.decode_seconds * n for _, c, n in assignment.choices) / max(costs.workload.gen_len - 1, 1)
+
+                rows.append({"profile": name, "model": model, "gpu_gib": gpu_gib or round(hw.gpu_budget_bytes / GIB, 1),
+                             "batch_size": batch, "split_layers": {"prefill": layers(split, "prefill"),
+                                                                    "decode": layers(split, "decode")},
+                             "decode_ms_per_token": {"split": round(decode(split) * 1e3, 3),
+                                                     "whole": round(decode(whole) * 1e3, 3)},
+                             "total_gain_percent": round((1 - report.objective_seconds
+                                                          / whole_report.objective_seconds) * 100, 3),
+                             "status": [report.status, whole_report.status], "seconds": round(seconds, 3)})
+                print(f"  split decisions {name:20s} {model} B={batch:4d}: split layers {rows[-1]['split_layers']} "
+                      f"gain {rows[-1]['total_gain_percent']} %", flush=True)
+    return {"what": "split decoder layers per phase at batch 1 and 256 (prompt 128, gen 32; OPT-175B at the "
+                    "profile's default budgets, OPT-30B with 24 GiB of HBM), decode ms/token with and without "
+                    "splits, and the total's gain; 'spr-h100 saturated' is spr-h100 with ddr_shared_gb_per_s = "
+                    "cpu_ddr_read_gb_per_s (the CPU alone saturates DDR)", "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile-sweep.json"))
@@ -129,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     trend_budgets = TierBudgets(hw.gpu_budget_bytes, 4 * 2**40, 0)
     trend = _sweep(graph, cfg, hw, [1, 16, 256, 512, 1024, 2048], "highs", trend_budgets)
     split = _split_sweep(batches)
+    decisions = _split_decisions()
     result = {
         "what": "liac compile, opt-175b on spr-h100, prompt 128, gen 32, objective latency; seconds per point = "
                 "annotate_costs + solve_placement + emit_plan (the tracer runs once per model, timed apart)",
@@ -140,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "trend_sweep": {"note": "DDR budget 4 TiB (the paper's analytical points); where decode moves the weight "
                                 "GEMMs to the GPU", "points": trend},
         "split_sweep": split,
+        "split_decisions": decisions,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
