@@ -164,7 +164,6 @@ def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity: int,
     span = int(sizes[b] - sizes[a])
     slope = (seconds[a] - seconds[b]) / span  # λ: seconds per byte
     reduced = np.maximum(seconds + slope * sizes - (seconds[a] + slope * sizes[a]), 0.0)
-    lp = layers * (seconds[a] + slope * sizes[a]) - slope * capacity
 
     def complete(used_layers, used_bytes, used_seconds):
         """Fill the remaining layers with a and b, as many b as fit (Eq. 19: least unused capacity)."""
