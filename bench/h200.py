@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class Bench:
         self.began = time.monotonic()
         self.summary = {"argv": sys.argv[1:], "boot_id": _boot_id(), "stages": {}, "skipped": []}
         self.profile_path = Path(args.profile) if args.profile else self.out / "profile.yaml"
+        self.plans_dir = Path(args.plans_dir)
 
     def left(self) -> float:
         return self.args.deadline_s - (time.monotonic() - self.began)
@@ -108,7 +110,7 @@ class Bench:
                 result = compile_plans(model, str(self.profile_path), batches=tuple(batches), prompt_len=prompt,
                                        gen_len=self.args.gen_len, gpu_mem=budget,
                                        policy=None if contender == "optimal" else contender)
-                folder = self.out / "plans" / contender / f"p{prompt}"
+                folder = self.plans_dir / contender / f"p{prompt}"
                 written = write_plans(result, folder)
                 for point in result.points:
                     path = folder / _plan_file(written, point.plan)
@@ -122,11 +124,12 @@ class Bench:
         if not self.args.emulate:  # issue 4: a plan compiled for the *shipped* h200-amx16 profile, run by lia-run
             result = compile_plans(model, "h200-amx16", batches=(1,), prompt_len=128, gen_len=self.args.gen_len,
                                    gpu_mem=budget)
-            path = write_plans(result, self.out / "plans" / "shipped-h200-amx16.yaml")[0]
+            path = write_plans(result, self.plans_dir / "shipped-h200-amx16.yaml")[0]
             plans.append({"contender": "shipped-profile", "prompt_len": 128, "batch": 1, "plan": str(path)})
         self.summary["plans"] = plans
+        # The device returns few files: the plans travel back as one archive (their folder stays outside --out).
         with tarfile.open(self.out / "plans.tar.gz", "w:gz") as tar:
-            tar.add(self.out / "plans", arcname="plans")
+            tar.add(self.plans_dir, arcname="plans")
 
     def runs(self) -> None:
         from run_plans import RunSpec, run_plans
@@ -252,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flexgen-search-s", type=float, default=150.0)
     parser.add_argument("--peer-timeout-s", type=float, default=200.0, help="wall-clock cap of one peer run")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="wall-clock budget of this call")
+    parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),
+                        help="where the compiled plans go (outside --out; plans.tar.gz in --out holds them)")
     parser.add_argument("--profile", help="reuse this measured profile (a second call on the same machine)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: opt-125m, GPU emulated, quick")
     args = parser.parse_args(argv)
