@@ -260,6 +260,17 @@ class Executor:
                 vals = frame.vals
                 move(vals, pre)
                 vals["o"] = {dev: module(vals["q"][dev], kv_operand(frame, "k"), kv_operand(frame, "v"))}
+        elif kind in ("score", "context") and dev == "cpu" and op.kv_read == "cache":
+            # score and context apart on the CPU over the cache: batched matmuls over a strided slice of the cache
+            # run ~5x slower than over its whole (contiguous) capacity, which score cuts and context zero-weights
+            def step(frame):
+                move(frame.vals, pre)
+                vals = frame.vals
+                if kind == "score":
+                    keys = kv.capacity(layer, "k", frame.batch)
+                    vals["p"] = {dev: module.score(vals["q"][dev], keys, frame.start + frame.length)}
+                else:
+                    vals["o"] = {dev: module.context(vals["p"][dev], kv.capacity(layer, "v", frame.batch))}
         elif kind == "score":
             def step(frame):
                 move(frame.vals, pre)

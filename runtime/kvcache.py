@@ -25,6 +25,8 @@ class KVCache:
         self.shape = shape
         self.k = [memory.take(tier, shape, dtype) for tier in kv_tiers]
         self.v = [memory.take(tier, shape, dtype) for tier in kv_tiers]
+        for cache in self.k + self.v:  # CPU attention reads whole capacities (`capacity`): no garbage past the end
+            cache.zero_()
         self.home = [HOME[tier] for tier in kv_tiers]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int, crosses: bool) -> None:
@@ -44,6 +46,13 @@ class KVCache:
         """K or V of the first `context` tokens, [B, G, C, E] (a strided view, no copy)."""
         cache = self.k[layer] if which == "k" else self.v[layer]
         return cache[:batch, :, :context]
+
+    def capacity(self, layer: int, which: str, batch: int) -> torch.Tensor:
+        """K or V of every position the cache holds, [B, G, C_max, E]: contiguous per sequence and head, which the
+        CPU's batched matmuls need to run at memory speed (positions past the context are zeros or stale tokens;
+        attention cuts or zero-weights them)."""
+        cache = self.k[layer] if which == "k" else self.v[layer]
+        return cache[:batch]
 
     @staticmethod
     def write_window(window: torch.Tensor, new: torch.Tensor, start: int) -> torch.Tensor:

@@ -134,19 +134,27 @@ class Attention(nn.Module):
                                            scale=self.scale, enable_gqa=self.groups > 1)
         return o.transpose(1, 2).reshape(B, Q, H * E)
 
-    def score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        # q: [B, H, Q, E], k: [B, G, C, E] → probabilities [B, H, Q, C]
+    def score(self, q: torch.Tensor, k: torch.Tensor, context: int | None = None) -> torch.Tensor:
+        # q: [B, H, Q, E], k: [B, G, C, E] → probabilities [B, H, Q, C]. With `context`, k may hold more positions
+        # (a cache's whole capacity: a contiguous operand the CPU multiplies several times faster than a strided
+        # slice) and only the first `context` count.
         B, H, Q, E = q.shape
+        C = k.shape[2] if context is None else context
         qg = q.reshape(B, k.shape[1], self.groups * Q, E)  # heads of one group share K (q may be a strided view)
-        s = (qg @ k.transpose(-1, -2)).view(B, H, Q, -1) * self.scale
-        mask = self._mask(Q, k.shape[2], q.device)
+        s = qg @ k.transpose(-1, -2)
+        s = (s if s.shape[-1] == C else s[..., :C]).reshape(B, H, Q, C) * self.scale
+        mask = self._mask(Q, C, q.device)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
 
     def context(self, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # p: [B, H, Q, C], v: [B, G, C, E] → [B, Q, H * E]
+        # p: [B, H, Q, C], v: [B, G, C', E] → [B, Q, H * E]. C' > C: v is a cache's whole capacity (see `score`);
+        # p is padded with zeros, so positions past C must hold finite values (the runtime zeroes its caches).
         B, H, Q, C = p.shape
+        if v.shape[2] > C:
+            p = F.pad(p, (0, v.shape[2] - C))
+            C = v.shape[2]
         o = (p.reshape(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
         return o.transpose(1, 2).reshape(B, Q, -1)
 

@@ -31,7 +31,9 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference(checkpoints):
-    """family → (HF fp32 model, HF bf16 model, greedy tokens, their logits) for PROMPT, computed once per family.
+    """family → (HF fp32 model, HF bf16 models, greedy tokens, their logits) for PROMPT, computed once per family.
+    The bf16 models are HF's two attention implementations, SDPA (fused) and eager (softmax probabilities rounded
+    to bf16 before p·V, as a plan that runs score and context apart does).
 
     HF's own forward pass over the whole sequence at every step (no KV cache): it shares nothing with the
     runtime's incremental decode."""
@@ -41,7 +43,9 @@ def reference(checkpoints):
         if family not in cache:
             directory, _ = checkpoints(family)
             fp32 = hf_model_class(family).from_pretrained(directory, dtype=torch.float32).eval()
-            bf16 = hf_model_class(family).from_pretrained(directory, dtype=torch.bfloat16).eval()
+            bf16 = tuple(hf_model_class(family).from_pretrained(directory, dtype=torch.bfloat16,
+                                                                attn_implementation=impl).eval()
+                         for impl in ("sdpa", "eager"))
             cache[family] = (fp32, bf16, *hf_greedy(fp32, PROMPT, NEW_TOKENS))
         return cache[family]
 

@@ -12,6 +12,9 @@ HBM):
                context, out_proj, fc2 on the CPU), weights streamed from DDR, the embedding on the GPU over a DDR
                table (rows gathered on the host), the LM head streamed to the GPU; with `cxl_layers` the last
                layers form a third group in the 'cxl' tier
+    'crossed'  weights and KV in DDR: prefill qkv on the GPU (its K/V written into the host cache through PCIe),
+               attention on the CPU; decode qkv and score on the CPU (over the cache's whole capacity), context on
+               the GPU over a streamed window; the GEMMs alternate between the devices
     'split'    (plan v2) every weight GEMM unit and the LM head split by output features in both phases, the CPU
                taking `permille` of them (an int, or unit → int); weights in DDR, GPU parts streamed; attention
                on the GPU at prefill and on the CPU at decode (KV in DDR), or on the GPU in both phases
@@ -39,7 +42,7 @@ __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "make_tes
 # The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
 BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
 FAMILIES = ("opt", "llama", "qwen2")
-POLICIES = ("gpu", "cpu", "partial", "mixed")
+POLICIES = ("gpu", "cpu", "partial", "mixed", "crossed")
 _NO_WEIGHTS = ("attn_score", "attn_context")
 
 
@@ -84,16 +87,18 @@ def hf_greedy(model, ids: torch.Tensor, new_tokens: int):
 
 def assert_bf16_logits_close(out, fp32, bf16) -> None:
     """The runtime's bf16 logits, teacher-forced on the tokens it generated, must be as close to HF's fp32 logits as
-    HF's own bf16 run is (plus a margin), and within 5 % of the logit range."""
+    HF's own bf16 runs are (`bf16`: one model or several, e.g. SDPA and eager attention; the larger error counts,
+    plus a margin), and within 5 % of the logit range or HF's own bf16 error, whichever is larger."""
     sequence = torch.cat([PROMPT, out.token_ids], dim=1)
     positions = slice(PROMPT.shape[1] - 1, -1)  # the logits each generated token was picked from
+    models = bf16 if isinstance(bf16, (tuple, list)) else (bf16,)
     with torch.no_grad():
         truth = fp32(sequence).logits[:, positions].float()
-        hf_bf16 = bf16(sequence).logits[:, positions].float()
+        hf_error = max((model(sequence).logits[:, positions].float() - truth).abs().max().item() for model in models)
     ours_error = (out.logits - truth).abs().max().item()
-    hf_error = (hf_bf16 - truth).abs().max().item()
     assert ours_error <= 1.5 * hf_error + 0.02, (ours_error, hf_error)
-    assert ours_error <= 0.05 * truth.abs().max().item()
+    assert ours_error <= max(0.05 * truth.abs().max().item(), hf_error), (ours_error, hf_error,
+                                                                          truth.abs().max().item())
 
 
 def hf_model_class(family: str):
@@ -147,6 +152,10 @@ def _placements(cfg: ModelConfig, policy: str):
     if policy == "mixed":
         decode = {qkv: "gpu", score: "gpu", context: "cpu", out_proj: "cpu", up: "gpu", down: "cpu"}
         return "gpu", decode, ("gpu", "gpu"), ("gpu", "gpu")
+    if policy == "crossed":
+        prefill = {qkv: "gpu", score: "cpu", context: "cpu", out_proj: "gpu", up: "cpu", down: "gpu"}
+        decode = {qkv: "cpu", score: "cpu", context: "gpu", out_proj: "gpu", up: "gpu", down: "cpu"}
+        return prefill, decode, ("gpu", "gpu"), ("gpu", "gpu")
     if policy == "split":
         gemms = {n: "split" for n in (qkv, out_proj, up, down)}
         return ({**gemms, score: "gpu", context: "gpu"}, {**gemms, score: "cpu", context: "cpu"}, ("gpu", "gpu"),
@@ -177,8 +186,8 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         decode = {**decode, names[1]: "gpu", names[2]: "gpu"}
     if isinstance(permille, int):
         permille = {n: permille for n in names + ("lm_head",)}
-    on_cpu = policy in ("cpu", "partial", "mixed", "split")
-    weights_tier = weights_tier or ("ddr" if policy in ("cpu", "mixed", "split") else "hbm")
+    on_cpu = policy in ("cpu", "partial", "mixed", "crossed", "split")
+    weights_tier = weights_tier or ("ddr" if policy in ("cpu", "mixed", "crossed", "split") else "hbm")
     kv_tier = kv_tier or ("ddr" if on_cpu else "hbm")
     host_embed = "ddr" if "cpu" in embed_dev or policy in ("mixed", "split") else "hbm"
     host_head = "ddr" if "cpu" in head_dev or policy in ("mixed", "split") else "hbm"

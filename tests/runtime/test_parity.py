@@ -22,7 +22,7 @@ from liac.runtime import Engine
 
 # The mixed plan: layer 0 HBM-resident (KV in HBM), layer 1 streamed from DDR (KV in DDR), layer 2 in the 'cxl'
 # tier (KV too; DDR on hosts without a CXL node).
-PLAN_ARGS = {"gpu": {}, "cpu": {}, "partial": {}, "mixed": {"resident_layers": 1, "cxl_layers": 1}}
+PLAN_ARGS = {"gpu": {}, "cpu": {}, "partial": {}, "mixed": {"resident_layers": 1, "cxl_layers": 1}, "crossed": {}}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
