@@ -13,6 +13,8 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
   compile  `liac.api.compile_plans` with that profile, the GPU budget and every (prompt, batch) point, once per
            contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu;
            plus the plan for the shipped h200-amx16 profile at batch 1 (issue 4's check) → plans/, plans.tar.gz
+  rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, measured in
+           this call → rates.json and run-profile.yaml (the profile with those fields replaced), which floor uses
   runs     bench/run_plans.py over all plans on ONE set of random weights → runs.json (per run: prefill ms, decode
            ms/token, tokens/s, peak GPU memory, per-sublayer measured vs predicted times)
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
@@ -61,6 +63,9 @@ class Bench:
         self.summary = {"argv": sys.argv[1:], "boot_id": _boot_id(), "stages": {}, "skipped": []}
         self.profile_path = Path(args.profile) if args.profile else self.out / "profile.yaml"
         self.plans_dir = Path(args.plans_dir)
+        previous = self.out / "summary.json"  # plans compiled by an earlier call (or here), which 'runs' reads
+        if previous.exists() and "plans" in json.loads(previous.read_text()):
+            self.summary["plans"] = json.loads(previous.read_text())["plans"]
 
     def left(self) -> float:
         return self.args.deadline_s - (time.monotonic() - self.began)
@@ -131,6 +136,27 @@ class Bench:
         with tarfile.open(self.out / "plans.tar.gz", "w:gz") as tar:
             tar.add(self.plans_dir, arcname="plans")
 
+    def rates(self) -> None:
+        import yaml
+
+        from liac.plan import write_atomic
+        from liac.probe import ProbeSizes, measure_rates
+
+        sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
+            weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
+        began = time.monotonic()
+        rates = measure_rates(sizes, use_gpu=False if self.args.emulate else None)
+        rates = {k: round(v, 3) for k, v in rates.items()}
+        self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}")
+        write_atomic(self.out / "rates.json", json.dumps(rates, indent=1, sort_keys=True) + "\n")
+        profile = yaml.safe_load(self.profile_path.read_text())
+        for field, value in rates.items():
+            if field in profile:
+                profile[field] = value
+                profile.setdefault("sources", {})[field] = "bench/h200.py rates stage, in the same call as the runs"
+        profile["name"] = "h200-run"
+        write_atomic(self.out / "run-profile.yaml", yaml.safe_dump(profile, sort_keys=True))
+
     def runs(self) -> None:
         from run_plans import RunSpec, run_plans
 
@@ -138,12 +164,17 @@ class Bench:
         wanted = {(p, b) for p, b in self.args.points}
         specs, index = [], []
         for entry in plans:
+            if entry["contender"] not in (*self.args.contenders, "shipped-profile"):
+                continue
             if (entry["prompt_len"], entry["batch"]) in wanted or entry["contender"] == "shipped-profile":
                 # the spread across repeats: the liac plan at batch 1 runs `--repeats` times
                 times = self.args.repeats if entry["contender"] == "optimal" and entry["batch"] == 1 else 1
                 for _ in range(times):
                     specs.append(RunSpec(entry["plan"], gen_len=self.args.measure_gen_len))
                     index.append(entry)
+        if specs and not self.args.emulate:  # the first run in a process pays one-off costs (kernel selection,
+            specs.insert(0, specs[0])        # first touch): a warm-up run, left out of the results
+            index.insert(0, {**index[0], "contender": "warmup"})
         self.summary["runs_index"] = index
         self.save()
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
@@ -174,15 +205,19 @@ class Bench:
                 jobs.append(("accelerate-pinned", [str(peer_dir / "accelerate_opt.py"), *common, "--pinned",
                                                    "--gen-len", "4"]))
         for name, command in jobs:
-            if self.left() < 90:
-                self.summary["skipped"].append({"stage": "peers", "peer": name, "reason": "out of time"})
+            # peers stop by --peers-until-s (seconds into the call), leaving the later stages their time
+            until = min(self.args.deadline_s, self.args.peers_until_s or self.args.deadline_s)
+            peer_left = until - (time.monotonic() - self.began)
+            if peer_left < 60:
+                self.summary["skipped"].append({"stage": "peers", "peer": name, "command": command[1:],
+                                                "reason": "out of time"})
                 continue
             json_out = self.out / f"peer-{len(results):02d}.json"
             began = time.monotonic()
             record = {"peer": name, "command": command}
             try:
                 proc = subprocess.run([sys.executable, *command, "--json-out", str(json_out)], capture_output=True,
-                                      text=True, timeout=min(self.args.peer_timeout_s, max(60.0, self.left() - 45)))
+                                      text=True, timeout=min(self.args.peer_timeout_s, peer_left))
                 record["returncode"] = proc.returncode
                 record["stderr_tail"] = proc.stderr[-1500:]
                 if json_out.exists():
@@ -204,13 +239,14 @@ class Bench:
         from liac.passes import trace_model
         from liac.profile import load_profile
 
-        hw = load_profile(self.profile_path)
+        run_profile = self.out / "run-profile.yaml"  # the rates of this call, where the rates stage ran
+        hw = load_profile(run_profile if run_profile.exists() else self.profile_path)
         graph = trace_model(resolve_model(self.args.model))
         floors = []
         for prompt, batch in self.args.points:
             f = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
                                gpu_budget_bytes=self.args.gpu_budget_gib * GIB)
-            floors.append({"prompt_len": prompt, "batch": batch, **_plain(f)})
+            floors.append({"prompt_len": prompt, "batch": batch, "profile": hw.name, **_plain(f)})
         from liac.plan import write_atomic
 
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
@@ -255,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flexgen-search-s", type=float, default=150.0)
     parser.add_argument("--peer-timeout-s", type=float, default=200.0, help="wall-clock cap of one peer run")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="wall-clock budget of this call")
+    parser.add_argument("--peers-until-s", type=float, default=None,
+                        help="the peers stage ends by this many seconds into the call (default: the deadline)")
     parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),
                         help="where the compiled plans go (outside --out; plans.tar.gz in --out holds them)")
     parser.add_argument("--profile", help="reuse this measured profile (a second call on the same machine)")
@@ -267,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     stages = [s for s in args.stages.split(",") if s]
     for name in stages:
-        if name not in ("profile", "compile", "runs", "peers", "floor"):
+        if name not in ("profile", "rates", "compile", "runs", "peers", "floor"):
             raise SystemExit(f"--stages: unknown stage {name!r}")
     if "compile" not in stages and "runs" in stages and not (bench.out / "summary.json").exists():
         raise SystemExit("--stages: 'runs' needs 'compile' in this call or an earlier summary.json in --out")

@@ -39,9 +39,16 @@ def collect(folders: list[Path]) -> dict:
         summary = _load(folder, "summary.json", {})
         calls.append({"folder": folder.name, "boot_id": summary.get("boot_id"), "stages": summary.get("stages"),
                       "skipped": summary.get("skipped", []), "argv": summary.get("argv")})
-        contender_of = {Path(e["plan"]).name: e for e in summary.get("runs_index", [])}
-        for run in (_load(folder, "runs.json", {}) or {}).get("runs", []):
-            entry = contender_of.get(Path(run["plan_file"]).name, {})
+        index = summary.get("runs_index", [])
+        contender_of = {Path(e["plan"]).name: e for e in index if e.get("contender") != "warmup"}
+        finished = (_load(folder, "runs.json", {}) or {}).get("runs", [])
+        for position, run in enumerate(finished):
+            if len(index) == len(finished):  # runs follow the index (a warm-up run shares its plan file)
+                entry = index[position]
+            else:
+                entry = contender_of.get(Path(run["plan_file"]).name, {})
+            if entry.get("contender") == "warmup":
+                continue
             run = dict(run, contender=entry.get("contender", "?"), call=folder.name)
             runs.append(run)
         for peer in _load(folder, "peers.json", []) or []:

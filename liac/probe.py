@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ProbeSizes", "Measurements", "measure_host", "GEMM_ROWS"]
+__all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "GEMM_ROWS"]
 
 GIB = 2**30
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
@@ -83,10 +83,18 @@ def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], N
     return statistics.median(times)
 
 
+def _random(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    """A host bf16 tensor of normal values; drawn on the GPU where there is one (the host's generator takes
+    about a minute for the few GiB a profile rotates over)."""
+    if torch.cuda.is_available():
+        return (torch.randn(*shape, dtype=torch.bfloat16, device="cuda") * scale).cpu()
+    return torch.randn(*shape, dtype=torch.bfloat16) * scale
+
+
 def _rotated_weights(rows: int, cols: int, total_bytes: int) -> list[torch.Tensor]:
     one = rows * cols * 2
     count = max(2, -(-total_bytes // one))
-    return [torch.randn(rows, cols, dtype=torch.bfloat16) * 0.02 for _ in range(count)]
+    return [_random(rows, cols, scale=0.02) for _ in range(count)]
 
 
 def _gemv_rate(weights: list[torch.Tensor], kernel: str, repeats: int) -> float:
@@ -126,8 +134,8 @@ def _kv_read_rate(total_bytes: int, repeats: int) -> float:
     per_token = 2 * heads * head_dim * 2  # K and V, bf16
     batch = 8
     ctx = max(64, total_bytes // (per_token * batch))
-    k = torch.randn(batch, heads, ctx, head_dim, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    k = _random(batch, heads, ctx, head_dim)
+    v = _random(batch, heads, ctx, head_dim)
     q = torch.randn(batch, heads, 1, head_dim, dtype=torch.bfloat16)
     seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v), repeats)
     return (k.numel() + v.numel()) * 2 / seconds / 1e9
@@ -274,6 +282,30 @@ def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, f
         cpu_rates.append(read / cpu_seconds / 1e9)
         h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / 1e9)
     return statistics.median(cpu_rates), statistics.median(h2d_rates)
+
+
+def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, float]:
+    """The bandwidths a memory-bound step depends on, in profile fields, in seconds rather than minutes: CPU GEMV
+    and decode-attention reads over rotated data, and with CUDA pinned H2D, D2H and the CPU reading while H2D runs
+    (their sum is `ddr_shared_gb_per_s`). bench/h200.py measures them beside its runs, so that the floor uses the
+    rates of the same machine start (the CPU side of a shared host varies 2-3x between starts)."""
+    gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
+    weights = _rotated_weights(sizes.gemm_k, max(1, sizes.weight_bytes // (sizes.gemm_k * 2)), sizes.rotate_bytes)
+    rates = {"cpu_ddr_read_gb_per_s": max(_gemv_rate(weights, k, sizes.repeats) for k in ("F.linear", "torch.mv")),
+             "cpu_kv_read_gb_per_s": _kv_read_rate(sizes.weight_bytes, sizes.repeats)}
+    if gpu:
+        cuda, sync = torch.device("cuda"), torch.cuda.synchronize
+        host = torch.empty(sizes.copy_bytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(sizes.copy_bytes, dtype=torch.uint8, device=cuda)
+        rates["pcie_h2d_gb_per_s"] = host.numel() / _median_seconds(
+            lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / 1e9
+        rates["pcie_d2h_gb_per_s"] = host.numel() / _median_seconds(
+            lambda: host.copy_(dev, non_blocking=True), sizes.repeats, sync) / 1e9
+        copies = max(4, -(-sizes.rotate_bytes // host.numel()))
+        cpu_rate, h2d_rate = _concurrent(weights, host, dev, copies, sizes.repeats)
+        rates["ddr_shared_gb_per_s"] = cpu_rate + h2d_rate
+        rates["concurrent_cpu_gb_per_s"], rates["concurrent_h2d_gb_per_s"] = cpu_rate, h2d_rate
+    return rates
 
 
 def _ddr_gib() -> float:

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the H200 machine (the `run` tool of the device library; see docs/benchmarks.md for the calls made):
+# installs the carried wheels (.whl/: pulp, flexgen) and liac, records the machine, then runs bench/h200.py with
+# the plans compiled here (.device-plans/, carried) into $OUT/NAME. At most 8 files come back from a call: setup
+# (pip, machine, GPU tests) goes into one setup.txt.
+#     bench/device-call.sh NAME [--gpu-tests] [bench/h200.py arguments...]
+set -u
+name=$1; shift
+out=${OUT:?}/$name
+mkdir -p "$out"
+python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl > "$out/setup.txt" 2>&1
+python3 -m pip install --no-index --no-build-isolation --no-deps -e . >> "$out/setup.txt" 2>&1
+export PYTHONPATH=/tmp/site
+if ! python3 -c "import liac.passes, liac.runtime" >> "$out/setup.txt" 2>&1; then  # no PEP 660 editable: a copy
+    python3 -m pip install --no-index --no-build-isolation --no-deps --target /tmp/site . >> "$out/setup.txt" 2>&1
+fi
+python3 -c "import liac.passes, liac.runtime, pulp; print('liac from', liac.__file__)" 2>&1 | tail -n 1
+{ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv; free -g; nproc; lscpu | grep -i "model name\|amx" | cut -c1-200; } >> "$out/setup.txt" 2>&1
+if [ "${1:-}" = "--gpu-tests" ]; then
+    shift
+    timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests > /tmp/pytest-gpu.txt 2>&1
+    tail -n 3 /tmp/pytest-gpu.txt | tee -a "$out/setup.txt"
+fi
+cp .device-plans/summary.json "$out/"
+python3 bench/h200.py --out "$out" --plans-dir .device-plans "$@" > "$out/log.txt" 2>&1
+grep -v "random weights\|^lia-run: " "$out/log.txt" | tail -n 60
