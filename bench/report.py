@@ -34,7 +34,7 @@ def _load(folder: Path, name: str, default=None):
 
 def collect(folders: list[Path]) -> dict:
     """Every call's results, keyed by what they are; runs are tagged with their contender and point."""
-    runs, peers, floors, calls = [], [], {}, []
+    runs, peers, floors, calls, floors_by_call = [], [], {}, [], {}
     for folder in folders:
         summary = _load(folder, "summary.json", {})
         calls.append({"folder": folder.name, "boot_id": summary.get("boot_id"), "stages": summary.get("stages"),
@@ -55,7 +55,8 @@ def collect(folders: list[Path]) -> dict:
             peers.append(dict(peer, call=folder.name))
         for floor in _load(folder, "floor.json", []) or []:
             floors[(floor["prompt_len"], floor["batch"])] = floor
-    return {"runs": runs, "peers": peers, "floors": floors, "calls": calls}
+            floors_by_call.setdefault(folder.name, {})[(floor["prompt_len"], floor["batch"])] = floor
+    return {"runs": runs, "peers": peers, "floors": floors, "floors_by_call": floors_by_call, "calls": calls}
 
 
 def run_rows(data: dict) -> list[dict]:
@@ -86,9 +87,8 @@ def peer_rows(data: dict) -> list[dict]:
                  "prompt_len": int(command[command.index("--prompt-len") + 1])}
         row = {"contender": peer["peer"], **point}
         if result.get("decode_ms_per_token") is not None:
-            peak = result.get("peak_gpu_bytes") or result.get("gpu_peak") or {}
-            reserved = peak.get("reserved") if isinstance(peak, dict) else None
-            row.update(prefill_ms=result.get("prefill_ms"), decode_ms=result["decode_ms_per_token"],
+            reserved = result.get("peak_gpu_reserved_bytes")
+            row.update(call=peer.get("call"), prefill_ms=result.get("prefill_ms"), decode_ms=result["decode_ms_per_token"],
                        tokens_per_second=result.get("tokens_per_second"),
                        peak_gib=(reserved or 0) / GIB if reserved else None, settings=result.get("settings"))
         else:
@@ -143,6 +143,65 @@ def _fmt(value, digits=3) -> str:
     if value is None:
         return "–"
     return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> list[dict]:
+    """Per device call and point where the compiled plan ran: the plan (median over repeats, and the spread), the
+    other contenders, the peers and the floor — all from that one call (the host's CPU side varies between starts)."""
+    out = []
+    for call in sorted({r["call"] for r in rows}):
+        here = [r for r in rows if r["call"] == call and "decode_ms" in r]
+        for prompt, batch in sorted({(r["prompt_len"], r["batch"]) for r in here if r["contender"] == "optimal"}):
+            at = [r for r in here if (r["prompt_len"], r["batch"]) == (prompt, batch)]
+            mine = [r for r in at if r["contender"] == "optimal"]
+            point = {"call": call, "prompt_len": prompt, "batch": batch, "repeats": len(mine),
+                     "decode_ms": _median([r["decode_ms"] for r in mine]),
+                     "decode_ms_range": [min(r["decode_ms"] for r in mine), max(r["decode_ms"] for r in mine)],
+                     "tokens_per_second": _median([r["tokens_per_second"] for r in mine]),
+                     "prefill_ms": _median([r["prefill_ms"] for r in mine]),
+                     "predicted_decode_ms": mine[0]["predicted_decode_ms"], "others": {}, "peers": {}}
+            for r in at:
+                if r["contender"] not in ("optimal", "shipped-profile"):
+                    point["others"][r["contender"]] = {k: r[k] for k in ("decode_ms", "tokens_per_second",
+                                                                         "prefill_ms")}
+            for r in peers:
+                if r.get("call") == call and (r["prompt_len"], r["batch"]) == (prompt, batch) and "decode_ms" in r:
+                    point["peers"][r["contender"]] = {k: r.get(k) for k in ("decode_ms", "tokens_per_second",
+                                                                            "prefill_ms", "peak_gib")}
+            floor = floors_by_call.get(call, {}).get((prompt, batch))
+            if floor:
+                point["floor_decode_ms"] = floor["decode_seconds_per_token"] * 1e3
+                point["floor_tokens_per_second"] = floor["tokens_per_second"]
+            out.append(point)
+    return out
+
+
+def targets_markdown(points: list[dict]) -> str:
+    """The issue's targets, point by point, each within one call."""
+    lines = ["| call | prompt | batch | liac decode ms (range) | predicted | vs floor | fastest? (decode / tokens/s) "
+             "| vs FlexGen (tokens/s) | vs Accelerate (decode) |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for p in points:
+        others = p["others"]
+        fastest_decode = all(p["decode_ms"] <= o["decode_ms"] for o in others.values())
+        fastest_rate = all(p["tokens_per_second"] >= o["tokens_per_second"] for o in others.values())
+        worst = max((p["decode_ms"] / o["decode_ms"] for o in others.values()), default=1.0)
+        fastest = ("yes" if fastest_decode else f"no ({worst:.2f}x the best)") + " / " + (
+            "yes" if fastest_rate else "no")
+        floor = f"{p['decode_ms'] / p['floor_decode_ms']:.2f}x" if p.get("floor_decode_ms") else "–"
+        flexgen = p["peers"].get("flexgen")
+        vs_fg = f"{p['tokens_per_second'] / flexgen['tokens_per_second']:.2f}x" if flexgen else "–"
+        acc = p["peers"].get("accelerate")
+        vs_acc = f"{acc['decode_ms'] / p['decode_ms']:.1f}x" if acc else "–"
+        low, high = p["decode_ms_range"]
+        spread = f"{_fmt(p['decode_ms'])} ({_fmt(low)}–{_fmt(high)})" if p["repeats"] > 1 else _fmt(p["decode_ms"])
+        lines.append(f"| {p['call']} | {p['prompt_len']} | {p['batch']} | {spread} | {_fmt(p['predicted_decode_ms'])} "
+                     f"| {floor} | {fastest} | {vs_fg} | {vs_acc} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown_tables(rows: list[dict], peers: list[dict], floors: dict) -> str:
@@ -234,20 +293,57 @@ def figures(rows: list[dict], peers: list[dict], floors: dict, folder: Path) -> 
     return names
 
 
+def calibration_markdown(calib: dict) -> str:
+    if not calib:
+        return ""
+    lines = ["\n**Prediction error (|predicted / measured − 1|), before and after `liac calibrate`**\n",
+             "| fit | judged on | rows | median before | median after | mean before | mean after |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+
+    def add(name, judged, before, after):
+        picks = [("all rows", before.get("all"), after.get("all"))]
+        for phase in ("prefill", "decode"):
+            picks.append((f"{phase} totals", before.get("totals", {}).get(phase), after.get("totals", {}).get(phase)))
+            picks.append((f"{phase} sublayers + totals", before.get("by_phase", {}).get(phase),
+                           after.get("by_phase", {}).get(phase)))
+        for label, b, a in picks:
+            if b:
+                a = a or {}
+                lines.append(f"| {name} | {judged} {label} | {b.get('count', '–')} | {_pct(b.get('median'))} | "
+                             f"{_pct(a.get('median'))} | {_pct(b.get('mean'))} | {_pct(a.get('mean'))} |")
+
+    if "in_sample" in calib:
+        add("every run (in-sample)", "every run:", calib["in_sample"]["error_before"],
+            calib["in_sample"]["error_after"])
+    if "held_out" in calib:
+        held = calib["held_out"]
+        add(f"{held['fit_on']}", f"{held['judged_on']}:", held["before"], held["after"])
+    return "\n".join(lines) + "\n"
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--json", required=True, type=Path, help="raw results file to write")
     parser.add_argument("--figures", type=Path, help="folder for the plots (PNG)")
+    parser.add_argument("--profile", type=Path, help="the profile the plans were compiled with (default: a "
+                        "profile.yaml in a folder)")
+    parser.add_argument("--plans", type=Path, nargs="*", help="folders holding the plans that ran")
     parser.add_argument("--tables", type=Path, help="write the Markdown tables here (docs/benchmarks.md embeds them)")
     args = parser.parse_args(argv)
     data = collect(args.folders)
     rows, peers = run_rows(data), peer_rows(data)
-    profile = next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
-    plans = [f / "plans" for f in args.folders if (f / "plans").exists()]
+    profile = args.profile or next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
+    plans = args.plans or [f / "plans" for f in args.folders if (f / "plans").exists()]
     calib = calibration(data, profile, plans) if profile else {}
-    out = {"calls": data["calls"], "runs": rows, "peers": peers,
-           "floors": [dict(v, prompt_len=k[0], batch=k[1]) for k, v in sorted(data["floors"].items())],
+    points = call_points(rows, peers, data["floors_by_call"])
+    out = {"calls": data["calls"], "runs": rows, "peers": peers, "points": points,
+           "floors": [dict(v, call=call, prompt_len=k[0], batch=k[1])
+                      for call, floors in sorted(data["floors_by_call"].items()) for k, v in sorted(floors.items())],
            "calibration": calib}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
@@ -255,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.figures:
         print("figures:", ", ".join(figures(rows, peers, data["floors"], args.figures)))
     if args.tables:
-        args.tables.write_text(markdown_tables(rows, peers, data["floors"]))
+        args.tables.write_text("**Targets, point by point (each row from one call)**\n\n" + targets_markdown(points)
+                               + markdown_tables(rows, peers, data["floors"]) + calibration_markdown(calib))
         print(f"wrote {args.tables}")
     return 0
 

@@ -1,0 +1,24 @@
+"""bench/report.py: comparisons stay within one device call; the targets table computes its ratios from them."""
+
+from report import call_points, targets_markdown
+
+
+def _row(call, contender, batch, decode, rate, prompt=128):
+    return {"call": call, "contender": contender, "prompt_len": prompt, "batch": batch, "decode_ms": decode,
+            "tokens_per_second": rate, "prefill_ms": 500.0, "predicted_decode_ms": 360.0 if call == "b" else 405.0}
+
+
+def test_points_compare_within_one_call_only():
+    rows = [_row("b", "optimal", 1, 400.0, 2.0), _row("b", "optimal", 1, 420.0, 1.9), _row("b", "whole", 1, 500.0, 1.8),
+            _row("c", "optimal", 1, 450.0, 1.7), _row("c", "whole", 1, 300.0, 2.5)]  # c's whole must not reach b
+    peers = [{"call": "c", "contender": "flexgen", "prompt_len": 128, "batch": 1, "decode_ms": 900.0,
+              "tokens_per_second": 0.85, "prefill_ms": 1000.0, "peak_gib": 7.0}]
+    floors = {"b": {(128, 1): {"decode_seconds_per_token": 0.32, "tokens_per_second": 3.0}}}
+    b, c = call_points(rows, peers, floors)
+    assert (b["call"], b["repeats"], b["decode_ms"], b["decode_ms_range"]) == ("b", 2, 410.0, [400.0, 420.0])
+    assert b["others"] == {"whole": {"decode_ms": 500.0, "tokens_per_second": 1.8, "prefill_ms": 500.0}}
+    assert b["peers"] == {} and b["floor_decode_ms"] == 320.0
+    assert c["others"]["whole"]["decode_ms"] == 300.0 and c["peers"]["flexgen"]["decode_ms"] == 900.0
+    table = targets_markdown([b, c]).splitlines()
+    assert "| b | 128 | 1 | 410 (400–420) | 360 | 1.28x | yes / yes | – | – |" in table
+    assert "| c | 128 | 1 | 450 | 405 | – | no (1.50x the best) / no | 2.00x | – |" in table
