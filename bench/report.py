@@ -104,10 +104,12 @@ def best(rows: list[dict], contender: str, prompt: int, batch: int) -> dict | No
     return min(found, key=lambda r: r["decode_ms"]) if found else None
 
 
-def calibration(data: dict, profile: Path, plans_dirs: list[Path]) -> dict:
-    """In-sample and held-out calibration of the measured profile on the runs' metrics."""
+def calibration(data: dict, profile: Path, plans_dirs: list[Path], write_profile: Path | None = None) -> dict:
+    """In-sample and held-out calibration of the measured profile on the runs' metrics; the in-sample calibrated
+    profile goes to `write_profile` when given (a profile `liac compile --hw` takes)."""
     sys.path.insert(0, str(ROOT))
-    from liac.calibrate import calibrate, load_measurements, report_data
+    from liac.calibrate import calibrate, load_measurements, profile_yaml, report_data
+    from liac.plan import write_atomic
     from liac.profile import load_profile
 
     base = load_profile(profile)
@@ -125,6 +127,8 @@ def calibration(data: dict, profile: Path, plans_dirs: list[Path]) -> dict:
             runs = load_measurements(files["all"], plan_paths=plans_dirs, profile_steps=1)
             result = calibrate(base, runs)
             out["in_sample"] = report_data(result, base)
+            if write_profile is not None:
+                write_atomic(write_profile, profile_yaml(result, base, write_profile.stem))
         if files["p128"] and files["other"]:
             fit = calibrate(base, load_measurements(files["p128"], plan_paths=plans_dirs, profile_steps=1))
             held = load_measurements(files["other"], plan_paths=plans_dirs, profile_steps=1)
@@ -333,13 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, help="the profile the plans were compiled with (default: a "
                         "profile.yaml in a folder)")
     parser.add_argument("--plans", type=Path, nargs="*", help="folders holding the plans that ran")
+    parser.add_argument("--calibrated-profile", type=Path, help="write the in-sample calibrated profile here (YAML)")
     parser.add_argument("--tables", type=Path, help="write the Markdown tables here (docs/benchmarks.md embeds them)")
     args = parser.parse_args(argv)
     data = collect(args.folders)
     rows, peers = run_rows(data), peer_rows(data)
     profile = args.profile or next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
     plans = args.plans or [f / "plans" for f in args.folders if (f / "plans").exists()]
-    calib = calibration(data, profile, plans) if profile else {}
+    calib = calibration(data, profile, plans, args.calibrated_profile) if profile else {}
     points = call_points(rows, peers, data["floors_by_call"])
     out = {"calls": data["calls"], "runs": rows, "peers": peers, "points": points,
            "floors": [dict(v, call=call, prompt_len=k[0], batch=k[1])

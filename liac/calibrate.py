@@ -19,7 +19,8 @@ costs.unit_breakdown, the same calls `emit_plan` makes) at the run's own batch, 
     it, else min(--profile-steps, gen_len − 1), lia-run's default being 4).
 
 Factors (FACTORS below) multiply groups of profile fields: CPU DDR read, the whole AMX curve, CPU KV read, GPU
-FLOP/s, HBM, PCIe H2D and D2H, the shared DDR rate, and the GPU / CPU launch and PCIe latency overheads. A factor
+FLOP/s, HBM, PCIe H2D and D2H, the shared DDR rate, and the GPU / CPU launch, PCIe latency and split
+synchronisation overheads. A factor
 that changes no prediction by more than 1e-9 (relative) when doubled or halved is left at 1 and reported as
 unconstrained. The fit minimises the mean pseudo-Huber loss of log(predicted / measured) (quadratic within ~10%,
 linear beyond, so a stray measurement cannot dominate), phase rows and sublayer rows weighing equally, by a
@@ -67,8 +68,10 @@ FACTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "gpu_launch": (("gpu_launch_seconds",), "GPU kernel launch overhead"),
     "cpu_launch": (("cpu_launch_seconds",), "CPU kernel overhead"),
     "pcie_latency": (("pcie_latency_seconds",), "fixed cost of one PCIe copy"),
+    "split_sync": (("split_sync_seconds",), "synchronising a split sublayer's parts (hand-off, join, merge)"),
 }
-_TIME_FIELDS = ("gpu_launch_seconds", "cpu_launch_seconds", "pcie_latency_seconds")  # a larger factor = slower
+_TIME_FIELDS = ("gpu_launch_seconds", "cpu_launch_seconds", "pcie_latency_seconds",
+                "split_sync_seconds")  # a larger factor = slower
 
 
 @dataclass(frozen=True)
