@@ -286,7 +286,7 @@ def figures(rows: list[dict], peers: list[dict], floors: dict, folder: Path) -> 
         ax.plot(lims, lims, "k:", label="predicted = measured")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("predicted ms (profile measured in the run, uncalibrated)")
+        ax.set_xlabel("predicted ms (the plans' own: profile of call 1, uncalibrated)")
         ax.set_ylabel("measured ms")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
