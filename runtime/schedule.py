@@ -22,6 +22,7 @@ output, 'h' FFN hidden, 'next' the greedy token for the following step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from liac.errors import LiacError
@@ -52,10 +53,7 @@ class ParamInfo:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -128,10 +126,7 @@ class Piece:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
