@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[hf,test,docs]"
+	$(PY) -m pip install -q -e ".[test,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)

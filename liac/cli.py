@@ -1,18 +1,22 @@
 """`liac`: the compiler's command line. Thin: parse, call one library function, write, exit.
 
 Each subcommand lives in `liac/commands/<name>.py` with `register(subparsers)`; its handler returns an exit code.
-A `LiacError` prints as one line on stderr and exits 2; anything else is a bug and keeps its traceback.
+A `LiacError` prints as one line on stderr and exits 2; anything else is a bug and keeps its traceback. Exit codes
+(docs/cli.md): 0 success, 1 a negative result, 2 bad input, 3 some compile points infeasible, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import platform
 import sys
+from importlib import metadata
 
-from liac.errors import EXIT_USER_ERROR, LiacError
+import liac
+from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError
 
-__all__ = ["main", "COMMANDS", "OneLineParser"]
+__all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser"]
 
 COMMANDS = ("inspect", "compile", "validate", "explain", "diff", "docs", "profile", "calibrate", "demo")
 
@@ -25,20 +29,36 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(EXIT_USER_ERROR)
 
 
-def main(argv: list[str] | None = None) -> int:
+def version_text(prog: str) -> str:
+    """'liac 0.1.0 (torch 2.13.0+cpu, Python 3.11.9)': torch's version from its package metadata, so `--version`
+    answers without importing torch."""
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"{prog} {liac.__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
+def build_parser() -> OneLineParser:
+    """The `liac` parser with every subcommand registered (docs/cli.md documents each flag; a test checks it)."""
     parser = OneLineParser(prog="liac", description="Compile offload plans for single-GPU LLM inference with "
                                                     "CPU (AMX) compute.")
+    parser.add_argument("--version", action="version", version=version_text("liac"))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name in COMMANDS:
         importlib.import_module(f"liac.commands.{name}").register(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except LiacError as e:
         sys.stderr.write(f"liac {args.command}: {e.line()}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

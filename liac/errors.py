@@ -9,9 +9,21 @@ it as one line and exit with status 2; any other exception is a bug and keeps it
 
 from __future__ import annotations
 
-__all__ = ["LiacError", "InfeasibleError", "EXIT_USER_ERROR"]
+import importlib
+from types import ModuleType
 
+__all__ = ["LiacError", "InfeasibleError", "EXIT_NEGATIVE", "EXIT_USER_ERROR", "EXIT_INFEASIBLE", "EXIT_INTERRUPTED", "EXTRAS",
+           "require"]
+
+# Exit codes shared by every CLI (docs/cli.md): 0 success, 1 a negative result (differences, problems found),
+# 2 bad input / usage / environment, 3 `liac compile`: some points infeasible, 130 interrupted.
+EXIT_NEGATIVE = 1
 EXIT_USER_ERROR = 2
+EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130
+
+# Optional packages → the extra of pyproject.toml that installs each (tests/test_cli.py keeps the two in step).
+EXTRAS = {"matplotlib": "docs", "highspy": "highs", "intel_extension_for_pytorch": "ipex", "accelerate": "bench"}
 
 
 class LiacError(Exception):
@@ -44,3 +56,16 @@ class InfeasibleError(LiacError):
         self.tier = tier
         self.short_bytes = short_bytes
         super().__init__(source, message)
+
+
+def require(module: str, needed_by: str) -> ModuleType:
+    """Import an optional package, or raise a one-line LiacError naming the extra that installs it.
+
+    Example: `require("matplotlib", "figures")` without matplotlib raises a LiacError whose line is
+    `figures: needs the optional package 'matplotlib': pip install 'liac[docs]'`.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise LiacError(needed_by, f"needs the optional package '{module}': "
+                                   f"pip install 'liac[{EXTRAS[module]}]'") from None

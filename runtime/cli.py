@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from liac.cli import OneLineParser
+from liac.cli import OneLineParser, version_text
 from liac.errors import EXIT_USER_ERROR, LiacError
 from liac.runtime.engine import Engine, RandomWeights, check_request, resolve_plan
 from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
@@ -42,6 +42,7 @@ def _count(text: str) -> int:
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="lia-run", description="Run an offload plan: greedy generation with each sublayer "
                                                        "on the device and each tensor in the tier the plan names.")
+    parser.add_argument("--version", action="version", version=version_text("lia-run"))
     parser.add_argument("plan", help="offload plan (YAML, from 'liac compile')")
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--weights", metavar="DIR", help="HF checkpoint directory (config.json + *.safetensors)")
