@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pulp
 
-from liac.errors import InfeasibleError, LiacError
+from liac.errors import InfeasibleError, LiacError, require
 from liac.passes.costs import CostGraph
 from liac.passes.ilp_knapsack import applies, solve_level
 from liac.profile import GIB
@@ -57,7 +57,8 @@ def make_solver(options: SolverOptions, cutoff: float | None = None):
         name = "highs" if "HiGHS" in pulp.listSolvers(onlyAvailable=True) else "cbc"
     if name == "highs":
         if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-            raise LiacError("--solver", "'highs' needs the highspy package: pip install highspy")
+            require("highspy", "--solver 'highs'")  # missing: one line naming the extra to install
+            raise LiacError("--solver", "'highs': pulp does not find a usable HiGHS in the installed highspy")
         # Tight tolerances: at HiGHS's defaults (1e-6) the proof of optimality is only good to ~1e-6 relative.
         extra = {} if cutoff is None else {"objective_bound": cutoff}
         return "HiGHS", pulp.HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,

@@ -21,7 +21,7 @@ import yaml
 
 from liac.artifacts.index import policy_string
 from liac.artifacts.sweep import CATALOG_NAME, INDEX_NAME, plan_files
-from liac.errors import LiacError
+from liac.errors import LiacError, require
 
 __all__ = ["template_environment", "markdown_cell", "GENERATED_MARK", "CATALOG_NAME", "PointSummary", "SweepPage",
            "summarize_point", "collect_pages", "render_docs", "find_sweeps"]
@@ -154,6 +154,7 @@ def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
     from liac.artifacts import figures
     from liac.plan import write_atomic
 
+    require("matplotlib", "figures")  # before anything is written
     plans_dir, out_dir = Path(plans_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = collect_pages(plans_dir, out_dir)
