@@ -8,10 +8,13 @@ CPU backends:
     'torch'  stock PyTorch: bf16 F.linear goes to oneDNN's brgemm kernels, which use AMX on Sapphire Rapids and
              later (ONEDNN_VERBOSE prints brg_matmul:avx10_1_512_amx). Attention uses the model's fused SDPA, which
              reads a bf16 KV cache 1.3-2.3x faster than bmm-softmax-bmm at decode (docs/runtime.md).
-    'ipex'   intel-extension-for-pytorch, only when it imports and its version matches torch's major.minor: CPU
-             sublayer modules keep their nn.Linear and go through `ipex.optimize(..., weights_prepack=False)`,
-             so IPEX makes no second copy of weights the plan placed. Optional, never a dependency; IPEX 2.8 needs
-             torch 2.8, so no host of this project has exercised this path yet (docs/runtime.md).
+    'ipex'   intel-extension-for-pytorch, only when its release (read from package metadata, BEFORE importing it:
+             an IPEX built for another torch prints its own error on every import attempt) matches torch's
+             major.minor and it then imports: CPU sublayer modules keep their nn.Linear and go through
+             `ipex.optimize(..., weights_prepack=False)`, so IPEX makes no second copy of weights the plan placed.
+             Decided once per process; a mismatch is said once (a warning of the 'liac.runtime' logger) and the
+             stock kernels run. Optional, never a dependency; IPEX 2.8 needs torch 2.8, so no host of this project
+             has exercised this path yet (docs/runtime.md).
 
 Small-M CPU projections (decode: batch × 1 rows) read their weights once, so memory bandwidth decides, and which
 of F.linear and torch.mv reads faster differs between hosts and even between starts of one host. An engine measures
@@ -20,8 +23,10 @@ both on its own CPU weights at build time (`choose_cpu_linear`, ~0.3 s) and bind
 
 from __future__ import annotations
 
-import sys
+import functools
+import logging
 import time
+from importlib import metadata
 from typing import Callable
 
 import torch
@@ -29,7 +34,11 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "BlocksLinear", "bind_kernels", "prepare_module",
-           "cpu_backend", "ipex_module", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel"]
+           "cpu_backend", "ipex_module", "ipex_matches", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel",
+           "IPEX_DISTRIBUTION"]
+
+IPEX_DISTRIBUTION = "intel-extension-for-pytorch"
+_log = logging.getLogger("liac.runtime")
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -137,16 +146,37 @@ def bind_kernels(module: nn.Module, device: str, kernel: Callable[..., torch.Ten
     return module
 
 
+def ipex_matches(ipex_version: str, torch_version: str) -> bool:
+    """Whether an IPEX release serves a torch release: IPEX X.Y is built for torch X.Y exactly ('2.8.0+cpu' serves
+    '2.8.1', not '2.13.0')."""
+    def major_minor(version: str) -> list[str]:
+        return version.split("+")[0].split(".")[:2]
+
+    return major_minor(ipex_version) == major_minor(torch_version)
+
+
+@functools.cache
 def ipex_module():
-    """The intel_extension_for_pytorch module when it is importable and built for this torch, else None."""
-    if "intel_extension_for_pytorch" not in sys.modules:
-        try:
-            import intel_extension_for_pytorch  # noqa: F401
-        except Exception:  # any import failure (missing, or built for another torch) means: not usable
-            return None
-    ipex = sys.modules.get("intel_extension_for_pytorch")
-    version = getattr(ipex, "__version__", "")
-    if version.split(".")[:2] != torch.__version__.split("+")[0].split(".")[:2]:
+    """The intel_extension_for_pytorch module when it is installed for this torch and imports, else None.
+
+    Decided once per process (cached): versions come from package metadata before any import, and the reason IPEX
+    is not used, when it is installed, is logged once."""
+    try:
+        ipex_version = metadata.version(IPEX_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None  # not installed: nothing to say
+    torch_version = metadata.version("torch")
+    if not ipex_matches(ipex_version, torch_version):
+        _log.warning("liac.runtime: %s %s is built for torch %s, but torch is %s: using the stock PyTorch CPU "
+                     "kernels (install the IPEX release for torch %s, or uninstall IPEX)", IPEX_DISTRIBUTION,
+                     ipex_version, ".".join(ipex_version.split("+")[0].split(".")[:2]), torch_version,
+                     ".".join(torch_version.split("+")[0].split(".")[:2]))
+        return None
+    try:
+        import intel_extension_for_pytorch as ipex
+    except Exception as e:  # any import failure means: not usable; said once
+        _log.warning("liac.runtime: %s %s does not import (%s): using the stock PyTorch CPU kernels",
+                     IPEX_DISTRIBUTION, ipex_version, " ".join(f"{type(e).__name__}: {e}".split()))
         return None
     return ipex
 

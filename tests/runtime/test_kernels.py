@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import sys
-import types
 
+import pytest
 import torch
 from torch import nn
 
@@ -47,27 +48,83 @@ def test_kernel_table_is_consulted(monkeypatch):
     assert calls == [(16, 8), (4, 16)]
 
 
-def test_ipex_used_only_when_it_matches_torch(monkeypatch):
-    fake = types.ModuleType("intel_extension_for_pytorch")
-    seen = []
+_STAND_IN = """
+import sys
+__version__ = {version!r}
+if {explode!r}:
+    raise RuntimeError("IPEX built for another torch was imported")
+calls = []
 
-    def optimize(module, dtype, inplace, weights_prepack):
-        seen.append((dtype, inplace, weights_prepack))
-        return module
+def optimize(module, dtype, inplace, weights_prepack):
+    calls.append((dtype, inplace, weights_prepack))
+    return module
+"""
 
-    fake.optimize = optimize
-    fake.__version__ = "2.8.0+cpu"  # another torch: must not be used
-    monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", fake)
-    if not torch.__version__.startswith("2.8."):
-        assert ipex_module() is None and cpu_backend() == "torch"
-        assert isinstance(prepare_module(_Block(), "cpu", torch.bfloat16).proj, KernelLinear)
-    fake.__version__ = torch.__version__.split("+")[0] + "+cpu"  # built for this torch
-    assert ipex_module() is fake and cpu_backend() == "ipex"
-    block = prepare_module(_Block(), "cpu", torch.bfloat16)
-    assert seen == [(torch.bfloat16, True, False)]  # no weight prepacking: no second copy of planned weights
+
+@pytest.fixture
+def installed_ipex(tmp_path, monkeypatch):
+    """Install a stand-in intel-extension-for-pytorch (a dist-info with its version, and the package) on sys.path;
+    `explode` makes importing it fail loudly, as a real IPEX built for another torch complains on import."""
+    def install(version: str, explode: bool = False):
+        root = tmp_path / f"site-{version}"
+        (root / "intel_extension_for_pytorch").mkdir(parents=True)
+        (root / "intel_extension_for_pytorch" / "__init__.py").write_text(_STAND_IN.format(version=version,
+                                                                                          explode=explode))
+        info = root / f"intel_extension_for_pytorch-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\n"
+                                       f"Version: {version}\n")
+        monkeypatch.syspath_prepend(str(root))
+        monkeypatch.delitem(sys.modules, "intel_extension_for_pytorch", raising=False)
+        ipex_module.cache_clear()
+
+    yield install
+    sys.modules.pop("intel_extension_for_pytorch", None)
+    ipex_module.cache_clear()
+
+
+def test_ipex_version_rule():
+    assert kernels.ipex_matches("2.8.0+cpu", "2.8.1")
+    assert kernels.ipex_matches("2.13.10", "2.13.0+cu128")
+    assert not kernels.ipex_matches("2.8.0+cpu", "2.13.0+cpu")
+    assert not kernels.ipex_matches("2.1.0", "2.13.0")  # not a prefix match
+
+
+def test_ipex_for_another_torch_is_never_imported_and_said_once(installed_ipex, caplog):
+    other = "1.99.0" if not torch.__version__.startswith("1.99.") else "2.98.0"
+    installed_ipex(other, explode=True)  # importing it would raise
+    with caplog.at_level(logging.WARNING, logger="liac.runtime"):
+        blocks = [prepare_module(_Block(), "cpu", torch.bfloat16) for _ in range(63)]
+        assert cpu_backend() == "torch"
+    assert "intel_extension_for_pytorch" not in sys.modules  # checked from metadata, before any import
+    assert all(isinstance(block.proj, KernelLinear) for block in blocks)  # the stock kernels run
+    said = [r.getMessage() for r in caplog.records if "intel-extension-for-pytorch" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"intel-extension-for-pytorch {other} is built for torch {other[:4]}" in said[0]
+    assert "using the stock PyTorch CPU kernels" in said[0]
+
+
+def test_ipex_for_this_torch_is_used(installed_ipex, caplog):
+    installed_ipex(torch.__version__.split("+")[0] + "+cpu")
+    with caplog.at_level(logging.WARNING, logger="liac.runtime"):
+        assert cpu_backend() == "ipex"
+        block = prepare_module(_Block(), "cpu", torch.bfloat16)
+    fake = sys.modules["intel_extension_for_pytorch"]
+    assert ipex_module() is fake
+    assert fake.calls == [(torch.bfloat16, True, False)]  # no weight prepacking: no second copy of planned weights
     assert isinstance(block.proj, nn.Linear)
     prepare_module(_Block(), "gpu", torch.bfloat16)  # GPU modules never go through IPEX
-    assert len(seen) == 1
+    assert len(fake.calls) == 1
+    assert not caplog.records
+
+
+def test_ipex_that_fails_to_import_is_said_once(installed_ipex, caplog):
+    installed_ipex(torch.__version__.split("+")[0], explode=True)
+    with caplog.at_level(logging.WARNING, logger="liac.runtime"):
+        for _ in range(5):
+            assert isinstance(prepare_module(_Block(), "cpu", torch.bfloat16).proj, KernelLinear)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "does not import (RuntimeError: IPEX built for another torch" in said[0]
 
 
 def test_small_m_kernel_matches_f_linear_at_every_m():
