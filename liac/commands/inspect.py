@@ -24,10 +24,11 @@ _GFLOP = 1e9
 
 def register(sub) -> None:
     parser = sub.add_parser("inspect", help="show a model's sublayers with weights, FLOPs and bytes per phase",
-                            description="Trace a model (zoo name, config.json or checkpoint directory) into its "
+                            description="Trace a model (zoo name, config.json, checkpoint directory or HF repo id) into its "
                                         "sublayer graph and print each sublayer's weights and its FLOPs and bytes "
                                         "in prefill and in the first decode step.")
-    parser.add_argument("--model", required=True, help="zoo name, HF config.json, or checkpoint directory")
+    parser.add_argument("--model", required=True, help="zoo name, HF config.json, checkpoint directory, or Hugging "
+                                                       "Face repo id (its config.json only)")
     parser.add_argument("--batch", default="1", help="sequences per batch (default 1)")
     parser.add_argument("--prompt-len", default="128", help="prompt tokens per sequence (default 128)")
     parser.add_argument("--format", default="table", help="'table' (default) or 'json'")

@@ -1,7 +1,8 @@
 """Named architectures with their published shapes, and `resolve_model` for `--model`.
 
-`--model` takes a zoo name (`opt-30b`), a HF `config.json`, or a checkpoint directory holding one. Nothing here
-touches the network. `PUBLISHED_PARAMS` are the parameter counts the model cards / papers state (source per entry),
+`--model` takes a zoo name (`opt-30b`), a HF `config.json`, a checkpoint directory holding one, or a Hugging Face
+repo id (`facebook/opt-30b`), whose config.json comes through the Hugging Face cache (`liac.hub`: the only way
+this module touches the network, and not at all with HF_HUB_OFFLINE set). `PUBLISHED_PARAMS` are the parameter counts the model cards / papers state (source per entry),
 used by the tests as an independent check on the shapes and on the model code.
 """
 
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 from liac.errors import LiacError
+from liac.hub import hub_config, is_repo_id
 from liac.models.config import ModelConfig, from_hf_config
 
 __all__ = ["ZOO", "PUBLISHED_PARAMS", "resolve_model", "zoo_names"]
@@ -84,10 +86,12 @@ def zoo_names() -> list[str]:
 
 
 def resolve_model(spec: str, source: str = "--model") -> ModelConfig:
-    """A zoo name, a `config.json` path, or a checkpoint directory holding `config.json` → `ModelConfig`.
+    """A zoo name, a `config.json` path, a checkpoint directory holding `config.json`, or a Hugging Face repo id
+    (its config.json from the Hugging Face cache; named by the repo's name, 'opt-30b') → `ModelConfig`.
 
     Raises:
-        LiacError: unknown name (with the closest zoo names), unreadable or unsupported config.
+        LiacError: unknown name (with the closest zoo names), unreadable or unsupported config, a repo id that
+            cannot be had (offline and not cached, no such repo, ...).
     """
     if spec in ZOO:
         return ZOO[spec]
@@ -99,13 +103,19 @@ def resolve_model(spec: str, source: str = "--model") -> ModelConfig:
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise LiacError(source, f"file '{spec}' does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise LiacError(str(path), f"not valid JSON: {e}") from e
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-        return from_hf_config(data, name=name, source=str(path))
+        return from_hf_config(_read_json(path, str(path)), name=name, source=str(path))
+    if is_repo_id(spec):
+        where = f"{spec}/config.json"
+        return from_hf_config(_read_json(hub_config(spec, source), where), name=spec.split("/")[1], source=where)
     close = difflib.get_close_matches(spec, ZOO, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise LiacError(source, f"unknown model '{spec}': must be a zoo name, a config.json or a checkpoint "
-                    f"directory{hint} (zoo: {', '.join(zoo_names())})")
+    raise LiacError(source, f"unknown model '{spec}': must be a zoo name, a config.json, a checkpoint directory "
+                    f"or a Hugging Face repo id like 'facebook/opt-30b'{hint} (zoo: {', '.join(zoo_names())})")
+
+
+def _read_json(path: Path, source: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LiacError(source, f"not valid JSON: {e}") from e
