@@ -116,16 +116,20 @@ def parse_batches(text: str, source: str = "--batch") -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_bytes(text: str, source: str) -> int:
-    """'24GiB', '24GB', '512MiB', '1.5TiB' or plain bytes → bytes (GB = 10⁹, GiB = 2³⁰)."""
+    """'24GiB', '24GB', '512MiB', '1.5TiB', '4096B' or '0' → bytes (GB = 10⁹, GiB = 2³⁰). A number without a
+    unit other than 0 is refused: '24' meant as GiB would silently be 24 bytes."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise LiacError(source, f"must be a size like '24GiB', '24GB', '512MiB' or a number of bytes, got '{text}'")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    unit = match.group(2).lower() if match else ""
+    if match and not unit and float(match.group(1)) == 0:
+        return 0
+    if not match or unit not in _UNITS:
+        raise LiacError(source, f"must be a size with a unit, like '24GiB', '24GB' or '512MiB' (or 0), got '{text}'")
+    return int(float(match.group(1)) * _UNITS[unit])
 
 
 _LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
@@ -171,7 +175,7 @@ def _check_workload(cfg: ModelConfig, batches, prompt_len: int, gen_len: int, ob
 def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128, gen_len: int = 32,
                   gpu_mem: int | None = None, cpu_mem: int | None = None, cxl_mem: int | None = None,
                   objective: str = "latency", policy: str | None = None, solver: str = "auto",
-                  prefetch_depth: int = 1, graph=None) -> CompileResult:
+                  prefetch_depth: int = 1, graph=None, progress=None) -> CompileResult:
     """Compile one plan per batch size (the one library call `liac compile` makes).
 
     Args:
@@ -187,6 +191,7 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
         solver: 'auto', 'cbc' or 'highs'.
         prefetch_depth: layers of streamed weights staged ahead (1 = double buffering).
         graph: an already traced SublayerGraph of `model` (skips tracing).
+        progress: called with each batch size once its point is solved (feasible or not), e.g. to draw a bar.
 
     Raises:
         LiacError: bad input. InfeasibleError: no batch size has a plan that fits (one line naming the tier).
@@ -220,9 +225,11 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
             assignment, report = solve_placement(costs, options)
         except InfeasibleError as e:
             infeasible.append((batch, e))
-            continue
-        plan = emit_plan(costs, assignment, report, cfg, objective)
-        points.append(CompiledPoint(plan=plan, costs=costs, assignment=assignment, report=report))
+        else:
+            plan = emit_plan(costs, assignment, report, cfg, objective)
+            points.append(CompiledPoint(plan=plan, costs=costs, assignment=assignment, report=report))
+        if progress is not None:
+            progress(batch)
     if not points:
         batch, error = infeasible[0]
         raise InfeasibleError(error.source, f"batch {batch}: {error.message}", tier=error.tier,

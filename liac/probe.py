@@ -7,7 +7,7 @@ memory to the GPU — the number that says whether splitting a sublayer across b
 costs to synchronise: handing a tiny op to a persistent worker thread and joining it, as the runtime does.
 
     from liac.probe import ProbeSizes, measure_host
-    numbers = measure_host(ProbeSizes.full(), progress=print)
+    numbers = measure_host(ProbeSizes.full(), progress=lambda step, total, name: print(f"[{step}/{total}] {name}"))
 """
 
 from __future__ import annotations
@@ -319,9 +319,10 @@ def _ddr_gib() -> float:
     return 0.0
 
 
-def measure_host(sizes: ProbeSizes, progress: Callable[[str], None] | None = None,
+def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | None = None,
                  use_gpu: bool | None = None) -> Measurements:
-    """Run every measurement this host supports; `progress` is called with the name of each step."""
+    """Run every measurement this host supports; `progress(step, total, name)` is called as each step starts
+    (steps count from 1)."""
     steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU launch", "split sync"]
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     if gpu:
@@ -331,7 +332,7 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[str], None] | None = Non
     def step(name: str) -> None:
         done[0] += 1
         if progress:
-            progress(f"[{done[0]}/{len(steps)}] {name}")
+            progress(done[0], len(steps), name)
 
     step("CPU GEMM curve")
     curve = _gemm_curve(sizes.gemm_k, sizes.rotate_bytes, sizes.repeats)

@@ -6,8 +6,9 @@ throughputs in TFLOP/s (10¹² FLOP/s), times in seconds unless a name says othe
 comes from (`sources`, field name → text) and which numbers are estimates rather than measurements (`estimates`).
 
 Shipped profiles live in `liac/profiles/<name>.yaml` (package data); `resolve_profile` takes a shipped name
-(`spr-h100`), a path to a user's file (`--hw my.yaml`), or a bare file name whose stem is a shipped profile
-(`spr-h100.yaml`). `sha256()` hashes the canonical form, so a plan records exactly which numbers it was built on.
+(`spr-h100`), a path to a user's file (`--hw my.yaml`), a bare file name whose stem is a shipped profile
+(`spr-h100.yaml`), or `host`: this machine's profile in the user's cache directory (`host_profile_path()`, written
+by `liac profile`, or by `liac compile` without `--hw` on first use; liac/host.py). `sha256()` hashes the canonical form, so a plan records exactly which numbers it was built on.
 
     from liac.profile import resolve_profile
     hw = resolve_profile("spr-h100")
@@ -24,16 +25,18 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+import platformdirs
 import yaml
 
 from liac.errors import LiacError
 from liac.schema_tools import from_data, spec_field, to_data
 
-__all__ = ["CurvePoint", "HardwareProfile", "GB", "GIB", "load_profile", "parse_profile", "resolve_profile",
-           "profile_names"]
+__all__ = ["CurvePoint", "HardwareProfile", "GB", "GIB", "HOST_PROFILE", "load_profile", "parse_profile",
+           "resolve_profile", "profile_names", "host_profile_path"]
 
 GB = 10**9  # rates: GB/s
 GIB = 2**30  # capacities: GiB
+HOST_PROFILE = "host"  # the name of this machine's own profile, kept in the user's cache directory
 
 
 @dataclass(frozen=True)
@@ -186,15 +189,27 @@ def profile_names() -> list[str]:
     return sorted(entry.name[:-5] for entry in folder.iterdir() if entry.name.endswith(".yaml"))
 
 
+def host_profile_path() -> Path:
+    """Where this machine's profile lives: `<user cache dir>/liac/host.yaml` (platformdirs: $XDG_CACHE_HOME or
+    ~/.cache on Linux)."""
+    return platformdirs.user_cache_path("liac") / f"{HOST_PROFILE}.yaml"
+
+
 def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
-    """A shipped profile name, a path to a profile file, or a bare file name of a shipped profile.
+    """A shipped profile name, a path to a profile file, a bare file name of a shipped profile, or 'host' (this
+    machine's profile in the user's cache directory; it is never measured here: see liac/host.py).
 
     Raises:
-        LiacError: unknown name (listing the shipped ones), unreadable or invalid file.
+        LiacError: unknown name (listing the shipped ones), unreadable or invalid file, no host profile yet.
     """
     path = Path(name_or_path)
     if path.is_file():
         return load_profile(path)
+    if str(name_or_path) == HOST_PROFILE:
+        host = host_profile_path()
+        if not host.is_file():
+            raise LiacError(source, f"no profile of this host yet ({host}): measure it with 'liac profile'")
+        return load_profile(host)
     stem = path.stem if path.suffix in (".yaml", ".yml") and path.name == str(name_or_path) else str(name_or_path)
     shipped = profile_names()
     if stem in shipped:
@@ -202,5 +217,5 @@ def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
         return _parse_text(entry.read_text(), f"liac/profiles/{stem}.yaml")
     if path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
         raise LiacError(source, f"file '{name_or_path}' does not exist")
-    raise LiacError(source, f"unknown hardware profile '{name_or_path}': must be a profile file or one of "
-                    + ", ".join(f"'{n}'" for n in shipped))
+    raise LiacError(source, f"unknown hardware profile '{name_or_path}': must be a profile file, "
+                    f"'{HOST_PROFILE}' (this machine) or one of " + ", ".join(f"'{n}'" for n in shipped))

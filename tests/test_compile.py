@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -57,11 +58,14 @@ def test_parse_bytes():
     assert parse_bytes("24GB", "--gpu-mem") == 24 * 10**9
     assert parse_bytes("512MiB", "--gpu-mem") == 512 * 2**20
     assert parse_bytes("1.5TiB", "--cpu-mem") == int(1.5 * 2**40)
-    assert parse_bytes("1000", "--cpu-mem") == 1000
+    assert parse_bytes("1000B", "--cpu-mem") == 1000
     assert parse_bytes("0", "--cxl-mem") == 0
-    for bad in ("24 parsecs", "GiB", "-1GiB", "1e9"):
-        with pytest.raises(LiacError, match="must be a size like"):
+    assert parse_bytes("0.0", "--cxl-mem") == 0
+    for bad in ("24 parsecs", "GiB", "-1GiB", "1e9", "24", "1000", "1.5"):  # a number without a unit is refused
+        with pytest.raises(LiacError) as info:
             parse_bytes(bad, "--gpu-mem")
+        assert info.value.line() == (f"--gpu-mem: must be a size with a unit, like '24GiB', '24GB' or '512MiB' "
+                                     f"(or 0), got '{bad}'")
 
 
 def test_committed_schema_is_generated_from_plan_py():
@@ -150,10 +154,10 @@ def test_bad_flags_are_one_line(tiny, tmp_path, capsys, argv, where):
 def test_infeasible_is_one_line_and_writes_nothing(tiny, tmp_path):
     model = tiny("tiny-opt", TINY_OPT)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "liac.cli", "compile", "--model", model, "--hw", "spr-h100",
+    proc = subprocess.run([sys.executable, "-m", "liac", "compile", "--model", model, "--hw", "spr-h100",
                            "--batch", "4", "--gpu-mem", "1MiB", "--cpu-mem", "2MiB", "-o", str(out)],
                           capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 3  # infeasible, not bad input (docs/cli.md)
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("liac compile: compile: batch 4: constraint mem_total: ")
     assert "short by" in proc.stderr and "MiB" in proc.stderr
@@ -172,6 +176,49 @@ def test_sweep_keeps_feasible_points_and_lists_the_rest(tiny, tmp_path):
     assert index["infeasible"][0]["batch_size"] == 64 and "mem_total" in index["infeasible"][0]["reason"]
     with pytest.raises(LiacError, match="names one file"):
         write_plans(result, tmp_path / "one.yaml")
+
+
+def test_partly_infeasible_sweep_exits_3_writes_the_rest_and_json_parses(tiny, tmp_path, capsys):
+    model = tiny("tiny-llama", TINY_LLAMA)
+    out = tmp_path / "sweep"
+    argv = ["compile", "--model", model, "--hw", "spr-h100", "--batch", "1,64", "--prompt-len", "64", "--gen-len",
+            "8", "--gpu-mem", "0", "--cpu-mem", "4MiB", "-o", str(out), "--json"]
+    assert main(argv) == 3
+    stdout, stderr = capsys.readouterr()
+    doc = json.loads(stdout)  # stdout is one JSON document, nothing else
+    assert [p["batch_size"] for p in doc["points"]] == [1]
+    assert doc["infeasible"][0]["batch_size"] == 64 and "mem_total" in doc["infeasible"][0]["reason"]
+    assert sorted(doc["written"]) == sorted(str(p) for p in out.iterdir())
+    assert load_plan(out / doc["points"][0]["file"]).spec.workload.batch_size == 1
+    assert "decode policy" in stderr and "64     infeasible: " in stderr  # the human table went to stderr
+    assert stderr.strip().splitlines()[-1] == ("liac compile: 1 of 2 points infeasible (batch 64); the feasible "
+                                               "ones are written")
+    # no point feasible: exit 3 too, one line, an error document, nothing written
+    argv[argv.index("1,64")] = "64"
+    argv[argv.index(str(out))] = str(tmp_path / "none")
+    assert main(argv) == 3
+    stdout, stderr = capsys.readouterr()
+    assert json.loads(stdout)["written"] == [] and "batch 64: constraint mem_total" in json.loads(stdout)["error"]
+    assert stderr.count("\n") == 1 and stderr.startswith("liac compile: compile: batch 64: constraint mem_total")
+    assert not (tmp_path / "none").exists()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(tiny, tmp_path, capsys, monkeypatch):
+    model = tiny("tiny-opt", TINY_OPT)
+    argv = ["compile", "--model", model, "--hw", "spr-h100", "--batch", "1,2", "--prompt-len", "16", "--gen-len",
+            "4", "--gpu-mem", "1MiB"]
+    assert main(argv + ["-o", str(tmp_path / "quiet")]) == 0
+    assert capsys.readouterr().err == ""  # not a terminal: quiet
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv + ["-o", str(tmp_path / "bar")]) == 0
+    drawn = terminal.getvalue()
+    assert "compile tiny-opt" in drawn and "2/2" in drawn and "batch 2" in drawn
 
 
 def test_explain_can_reprice_a_plan(tiny, tmp_path):

@@ -1,13 +1,22 @@
 """`liac compile`: model + hardware profile + workload points → offload plans (one YAML per point, index.yaml).
 
     liac compile --model opt-175b --hw spr-h100 --batch 1..256 -o plans/opt-175b
+    liac compile --model facebook/opt-30b --gpu-mem 24GiB -o plan.yaml        # for this host, by repo id
+
+Without `--hw` it plans for this host (liac/host.py: the profile in the user's cache directory, measured on first
+use). Exit status: 0 every point compiled, 3 some (or all) points are infeasible (the feasible ones are written),
+2 bad input. `--json` puts one JSON document on stdout and the human text on stderr.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
+from liac.errors import EXIT_INFEASIBLE, InfeasibleError
 from liac.plan import OBJECTIVES
+from liac.profile import HOST_PROFILE
+from liac.progress import progress_bar
 
 __all__ = ["register", "run", "summary_table"]
 
@@ -16,42 +25,80 @@ def register(sub) -> None:
     parser = sub.add_parser("compile", help="compile offload plans (placement ILP over a hardware profile)",
                             description="Compile one offload plan per batch size; a sweep writes a directory with "
                                         "index.yaml.")
-    parser.add_argument("--model", required=True, help="zoo name, config.json, or checkpoint directory")
-    parser.add_argument("--hw", default=None, help="hardware profile: shipped name (see docs/compile.md) or a "
-                                                   "YAML file (default: h200-amx16)")
+    parser.add_argument("--model", required=True, help="zoo name, config.json, checkpoint directory, or Hugging "
+                                                       "Face repo id (e.g. facebook/opt-30b; its config.json only)")
+    parser.add_argument("--hw", default=None, help="hardware profile: shipped name (see docs/compile.md), 'host', "
+                                                   "or a YAML file (default: this host's profile, measured on "
+                                                   "first use)")
     parser.add_argument("--batch", default="1", help="'1..256' (powers of two), '1,8,64', or one number")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per sequence (default 128)")
     parser.add_argument("--gen-len", type=int, default=32, help="generated tokens per sequence (default 32)")
-    parser.add_argument("--gpu-mem", default=None, help="GPU budget, e.g. 24GiB (default: HBM minus the "
-                                                        "profile's reserve)")
-    parser.add_argument("--cpu-mem", default=None, help="host DDR budget (default: DDR minus the reserve)")
-    parser.add_argument("--cxl-mem", default=None, help="CXL budget (default: the profile's CXL capacity)")
+    parser.add_argument("--gpu-mem", default=None, help="GPU budget with a unit: 24GiB, 24GB, 512MiB, or 0 for "
+                                                        "CPU only (default: HBM minus the profile's reserve)")
+    parser.add_argument("--cpu-mem", default=None, help="host DDR budget, e.g. 200GiB (default: DDR minus the "
+                                                        "reserve)")
+    parser.add_argument("--cxl-mem", default=None, help="CXL budget, e.g. 64GiB (default: the profile's CXL "
+                                                        "capacity)")
     parser.add_argument("--objective", default="latency", choices=OBJECTIVES,
                         help="latency: prefill + all decode steps; throughput: the same per point, and the index "
                              "names the batch with the most tokens/s")
     parser.add_argument("--policy", default=None, help="a restricted placement space instead of the optimum: "
                                                        "lia-cpu, lia-partial, lia-gpu, lia, whole (no split "
                                                        "sublayers), or PREFILL/DECODE (e.g. lia-gpu/lia-cpu)")
-    parser.add_argument("--solver", default="auto", choices=("auto", "cbc", "highs"))
+    parser.add_argument("--solver", default="auto", choices=("auto", "cbc", "highs"),
+                        help="ILP solver: auto (HiGHS when highspy is installed, else CBC), cbc, highs")
     parser.add_argument("--prefetch-depth", type=int, default=1, help="layers of streamed weights staged ahead "
                                                                       "(default 1: double buffering)")
     parser.add_argument("-o", "--output", required=True, help="directory (sweep) or .yaml file (one point)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout (the sweep's index "
+                                                            "and the files written); the table goes to stderr")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from liac.api import DEFAULT_PROFILE, compile_plans, parse_batches, parse_bytes, write_plans
+    from liac.api import compile_plans, parse_batches, parse_bytes, write_plans
+    from liac.models import resolve_model
 
     sizes = {name: parse_bytes(value, f"--{name.replace('_', '-')}") if value is not None else None
              for name, value in (("gpu_mem", args.gpu_mem), ("cpu_mem", args.cpu_mem), ("cxl_mem", args.cxl_mem))}
-    result = compile_plans(args.model, args.hw or DEFAULT_PROFILE, batches=parse_batches(args.batch),
-                           prompt_len=args.prompt_len, gen_len=args.gen_len, objective=args.objective,
-                           policy=args.policy, solver=args.solver, prefetch_depth=args.prefetch_depth, **sizes)
+    batches = parse_batches(args.batch)
+    cfg = resolve_model(args.model)  # before a first-use probe: a mistyped model answers at once
+    if args.hw in (None, HOST_PROFILE):
+        from liac.host import host_profile
+
+        hw = host_profile(say=lambda text: sys.stderr.write(f"liac compile: {text}\n"))
+    else:
+        hw = args.hw
+    human = sys.stderr if args.json else sys.stdout
+    try:
+        with progress_bar(len(batches), f"compile {cfg.name}", unit="point") as bar:
+            def solved(batch: int) -> None:
+                bar.set_postfix_str(f"batch {batch}", refresh=False)
+                bar.update(1)
+
+            result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len, gen_len=args.gen_len,
+                                   objective=args.objective, policy=args.policy, solver=args.solver,
+                                   prefetch_depth=args.prefetch_depth, progress=solved, **sizes)
+    except InfeasibleError as e:  # no point fits: nothing is written
+        sys.stderr.write(f"liac compile: {e.line()}\n")
+        if args.json:
+            _print_json({"error": e.line(), "written": []})
+        return EXIT_INFEASIBLE
     written = write_plans(result, args.output)
-    sys.stdout.write(summary_table(result))
+    human.write(summary_table(result))
     where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + index.yaml)"
-    sys.stdout.write(f"wrote {where}\n")
-    return 0
+    human.write(f"wrote {where}\n")
+    if result.infeasible:
+        sys.stderr.write(f"liac compile: {len(result.infeasible)} of {len(batches)} points infeasible (batch "
+                         + ", ".join(str(b) for b, _ in result.infeasible) + "); the feasible ones are written\n")
+    if args.json:
+        doc = {key: value for key, value in result.index().items() if key not in ("apiVersion", "kind")}
+        _print_json(dict(doc, written=[str(path) for path in written]))
+    return EXIT_INFEASIBLE if result.infeasible else 0
+
+
+def _print_json(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def _gib(num_bytes: int) -> str:

@@ -1,0 +1,202 @@
+"""This machine as a hardware profile: measured, written where `liac compile` finds it by default.
+
+`liac profile` measures the host (liac/probe.py) into a `HardwareProfile`; numbers it cannot measure here come from
+a base profile and are listed under `estimates`. Without CUDA the profile has no GPU memory (`gpu_hbm_gib: 0`), so
+plans for it run every sublayer on the CPU. `liac compile` without `--hw` plans for this host: it reads the profile
+kept in the user's cache directory (`liac.profile.host_profile_path()`), and on first use measures it with a quick
+probe, saying so on stderr.
+
+    from liac.host import host_profile
+    hw = host_profile()          # cached, or measured now (seconds) and cached
+
+The CPU's instruction set decides how fast CPU sublayers run: AMX (Sapphire Rapids and later Xeons) is what liac
+is built around; on AVX-512 or AVX2 alone the same bf16 GEMMs are several times slower. `cpu_isa()` names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from liac.errors import LiacError
+from liac.plan import write_atomic, yaml_dump
+from liac.profile import (HOST_PROFILE, CurvePoint, HardwareProfile, host_profile_path, load_profile, parse_profile,
+                          resolve_profile)
+from liac.progress import progress_bar
+from liac.schema_tools import stable_float, to_data
+
+__all__ = ["CpuIsa", "DEFAULT_BASE", "cpu_isa", "isa_from_flags", "cpu_name", "profile_from_measurements",
+           "measure_profile", "write_profile", "host_profile", "first_use_sizes"]
+
+DEFAULT_BASE = "h200-amx16"  # what this host cannot measure (GPU numbers without CUDA, CXL, reserves) comes from it
+
+
+@dataclass(frozen=True)
+class CpuIsa:
+    """The widest bf16 matrix instruction set of this CPU: 'AMX', 'AVX-512' or 'AVX2' ('baseline' below that)."""
+
+    name: str
+    source: str  # where it was read: '/proc/cpuinfo flags' or "torch's CPU capability"
+
+    @property
+    def has_amx(self) -> bool:
+        return self.name == "AMX"
+
+
+def isa_from_flags(flags: set[str]) -> str:
+    """CPU flags (as /proc/cpuinfo lists them) → 'AMX', 'AVX-512', 'AVX2' or 'baseline'."""
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return "AMX"
+    if "avx512f" in flags:
+        return "AVX-512"
+    if "avx2" in flags:
+        return "AVX2"
+    return "baseline"
+
+
+def cpu_isa(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> CpuIsa:
+    """This CPU's ISA from /proc/cpuinfo's flags; where there is none (not Linux), from torch's CPU capability
+    (which names the vector ISA ATen dispatches to: 'AVX512', 'AVX2', ...; AMX it reports separately)."""
+    try:
+        with open(cpuinfo) as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return CpuIsa(isa_from_flags(set(line.split(":", 1)[1].split())), "/proc/cpuinfo flags")
+    except OSError:
+        pass
+    import torch  # late import: only hosts without /proc/cpuinfo need it
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    name = "AMX" if amx else {"AVX512": "AVX-512", "AVX2": "AVX2"}.get(capability.split("_")[0], "baseline")
+    return CpuIsa(name, "torch's CPU capability")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def profile_from_measurements(m, base: HardwareProfile, name: str, description: str, isa: CpuIsa,
+                              gpu_present: bool) -> HardwareProfile:
+    """Measurements + a base profile → HardwareProfile (measured fields replace the base's).
+
+    Without a GPU on the host (`gpu_present` False) its GPU memory is 0, so plans for it are CPU plans; the GPU's
+    rates stay the base's (a profile needs them), listed as estimates.
+    """
+    how = f"liac profile on this host ({m.cpu_threads} threads)"
+    fields: dict = {}
+    sources = dict(base.sources)
+    estimates = set(base.estimates)
+
+    def measured(field: str, value, text: str) -> None:
+        fields[field] = value
+        sources[field] = f"{how}: {text}"
+        estimates.discard(field)
+
+    isa_text = isa.name if isa.has_amx else f"{isa.name}, no AMX"
+    measured("cpu_amx_bf16_tflops", tuple(CurvePoint(m=rows, tflops=stable_float(max(tflops, 1e-6), 4))
+                                          for rows, tflops in m.cpu_gemm_tflops),
+             f"bf16 F.linear over rotated weights ({isa_text}) at M = "
+             + ", ".join(str(r) for r, _ in m.cpu_gemm_tflops))
+    measured("cpu_ddr_read_gb_per_s", m.cpu_gemv_gb_per_s, f"GEMV ({m.cpu_gemv_kernel}) over rotated weights")
+    measured("cpu_kv_read_gb_per_s", m.cpu_kv_read_gb_per_s, "scaled_dot_product_attention over a bf16 KV cache")
+    measured("cpu_launch_seconds", m.cpu_launch_seconds, "median time of a tiny in-place op")
+    measured("split_sync_seconds", m.split_sync_seconds,
+             "median round trip of a tiny op handed to a persistent worker thread and joined, plus the merge's "
+             "concatenation, less the same ops inline" + (" (with a CUDA event record and wait)"
+                                                           if m.gpu_bf16_tflops is not None else " (no GPU: CPU side only)"))
+    if m.cpu_ddr_gib:
+        measured("cpu_ddr_gib", m.cpu_ddr_gib, "MemTotal in /proc/meminfo")
+    if not gpu_present:
+        measured("gpu_hbm_gib", 0.0, "no CUDA device: plans for this host run every sublayer on the CPU")
+        fields["gpu_reserve_gib"] = 0.0
+    if m.gpu_bf16_tflops is not None:
+        for field, text in [("gpu_bf16_tflops", "8192³ bf16 matmul"), ("gpu_hbm_gb_per_s", "device copy, read+write"),
+                            ("gpu_hbm_gib", "device total memory"), ("gpu_launch_seconds", "tiny kernel launches"),
+                            ("pcie_h2d_gb_per_s", "pinned host-to-device copy"),
+                            ("pcie_d2h_gb_per_s", "pinned device-to-host copy"),
+                            ("pcie_bidir_gb_per_s", "H2D and D2H on two streams at once"),
+                            ("pcie_latency_seconds", "4 KiB pinned copy")]:
+            measured(field, getattr(m, field), text)
+        measured("ddr_shared_gb_per_s", m.concurrent_cpu_gb_per_s + m.concurrent_h2d_gb_per_s,
+                 f"CPU GEMV ({m.concurrent_cpu_gb_per_s:.1f} GB/s) while pinned H2D runs "
+                 f"({m.concurrent_h2d_gb_per_s:.1f} GB/s), summed")
+    for field in set(base.sources) - set(fields):
+        if field not in ("gpu_reserve_gib", "cpu_reserve_gib"):  # reserves are policy, not estimates
+            estimates.add(field)
+            sources[field] = f"from base profile '{base.name}': {base.sources[field]}"
+    return dataclasses.replace(base, name=name, description=description, sources=sources,
+                               estimates=tuple(sorted(estimates)), **fields)
+
+
+def measure_profile(sizes, base: str | HardwareProfile = DEFAULT_BASE, name: str = HOST_PROFILE,
+                    use_gpu: bool | None = None, quick: bool = False) -> HardwareProfile:
+    """Measure this host (`sizes`: a `liac.probe.ProbeSizes`) into a profile, with a progress bar on stderr when
+    stderr is a terminal. `use_gpu` None: measure the GPU when CUDA is available."""
+    import torch
+
+    from liac.probe import measure_host
+
+    base = base if isinstance(base, HardwareProfile) else resolve_profile(base, source="--base")
+    gpu_present = torch.cuda.is_available()
+    use_gpu = gpu_present if use_gpu is None else (use_gpu and gpu_present)
+    with progress_bar(None, "measuring this host") as bar:
+        def step(index: int, total: int, label: str) -> None:
+            bar.total = total
+            bar.n = index - 1
+            bar.set_postfix_str(label)  # refreshes the bar
+
+        measurements = measure_host(sizes, progress=step, use_gpu=use_gpu)
+    isa = cpu_isa()
+    gpu = torch.cuda.get_device_name(0) if use_gpu else (
+        f"no GPU measured (GPU numbers from '{base.name}')" if gpu_present else "no GPU")
+    description = (f"{cpu_name()}, {os.cpu_count()} CPUs, {isa.name}; {gpu}" + (" [quick probe]" if quick else ""))
+    return profile_from_measurements(measurements, base, name, description, isa=isa, gpu_present=gpu_present)
+
+
+def write_profile(profile: HardwareProfile, path: str | os.PathLike) -> Path:
+    """Write a profile atomically, after checking that what is written loads."""
+    path = Path(path)
+    data = to_data(profile)
+    parse_profile(data, str(path))  # a compiler bug would show here, not in the next compile
+    write_atomic(path, yaml_dump(data))
+    return path
+
+
+def first_use_sizes():
+    """How much the first-use probe measures: `ProbeSizes.quick()`, seconds (caches flatter it; `liac profile`
+    measures at full size)."""
+    from liac.probe import ProbeSizes
+
+    return ProbeSizes.quick()
+
+
+def host_profile(say=lambda text: print(text, file=sys.stderr, flush=True)) -> HardwareProfile:
+    """This host's profile from the user's cache directory; on first use, measured with a quick probe and written
+    there, which `say` announces (one line, before the probe starts).
+
+    Raises:
+        LiacError: the cached profile does not load (it names the file; `liac profile` rewrites it).
+    """
+    path = host_profile_path()
+    if path.is_file():
+        return load_profile(path)
+    say(f"no profile of this host yet: measuring it with a quick probe (seconds) into {path}; "
+        f"'liac profile' measures it fully, '--hw NAME' plans for another machine")
+    profile = measure_profile(first_use_sizes(), quick=True)
+    try:
+        write_profile(profile, path)
+    except OSError as e:
+        raise LiacError(str(path), f"cannot write this host's profile: {e.strerror or e}") from e
+    return profile
