@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from liac.errors import LiacError
+from liac.errors import EXIT_NEGATIVE, LiacError
 
 __all__ = ["register", "run", "render_text"]
 
@@ -61,4 +61,4 @@ def run(args) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render_text(diffs, only_a, only_b))
-    return 1 if different else 0
+    return EXIT_NEGATIVE if different else 0

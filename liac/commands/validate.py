@@ -1,12 +1,15 @@
 """`liac validate PLAN|SWEEP_DIR...`: every schema, semantic and capacity problem, one line each.
 
-Prints each problem as `<file>: <yaml path>: <message>` on stdout and exits 2 when there is any error; otherwise
-prints one OK line per argument and exits 0. Warnings print with a 'warning: ' prefix and do not fail.
+Prints each problem as `<file>: <yaml path>: <message>` on stdout and exits 1 when there is any error (the command
+ran and found problems; docs/cli.md); otherwise prints one OK line per argument and exits 0. Warnings print with a
+'warning: ' prefix and do not fail.
 """
 
 from __future__ import annotations
 
 import sys
+
+from liac.errors import EXIT_NEGATIVE
 
 __all__ = ["register", "run"]
 
@@ -36,7 +39,7 @@ def run(args) -> int:
         failed = failed or bool(errors)
         if not errors:
             sys.stdout.write(f"{path}: OK ({_summary(path, checked)})\n")
-    return 2 if failed else 0
+    return EXIT_NEGATIVE if failed else 0
 
 
 def _summary(path, checked: list[str]) -> str:

@@ -49,7 +49,7 @@ def test_index_values_must_repeat_the_plans(tmp_path, capsys):
     code, lines = _run(capsys, sweep)
     index = sweep / "index.yaml"
     plan = make_plan(batch=4, seconds_scale=2.0)
-    assert code == 2
+    assert code == 1
     assert lines == [
         f"{index}: points[0].memory: must repeat the plan's value {{'hbm_bytes': 268435456, 'ddr_bytes': "
         f"1073741824, 'cxl_bytes': 0}}, got {{'cxl_bytes': 0, 'ddr_bytes': 1073741824, 'hbm_bytes': 268435457}}",
@@ -73,7 +73,7 @@ def test_listing_must_match_the_directory(tmp_path, capsys):
     _edit_index(sweep, edit)
     code, lines = _run(capsys, sweep)
     index = sweep / "index.yaml"
-    assert code == 2
+    assert code == 1
     assert lines == [
         f"{index}: points[1].file: 'gone.yaml' does not exist in the sweep directory",
         f"{index}: points[3].file: 'tiny-opt.test-hw.b1-p16-g8.yaml' is already listed at points[0]",
@@ -90,13 +90,13 @@ def test_invalid_plan_in_a_sweep_and_missing_index(tmp_path, capsys):
     bad.write_text(bad.read_text().replace("objective: latency", "objective: speed"))
     (sweep / "index.yaml").unlink()
     code, lines = _run(capsys, sweep)
-    assert code == 2
+    assert code == 1
     assert lines == [f"{bad}: spec.workload.objective: unsupported value 'speed': must be one of 'latency', "
                      "'throughput'",
                      f"{sweep}: holds no index.yaml: a sweep directory written by 'liac compile' has one"]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert _run(capsys, empty) == (2, [f"{empty}: holds no plan files (*.yaml)"])
+    assert _run(capsys, empty) == (1, [f"{empty}: holds no plan files (*.yaml)"])
 
 
 def test_directory_of_sweeps_and_its_catalog(tmp_path, capsys):
@@ -114,7 +114,7 @@ def test_directory_of_sweeps_and_its_catalog(tmp_path, capsys):
         {"model": "huge", "hardware": "test-hw"}]}))
     code, lines = _run(capsys, root)
     catalog = root / "sweeps.yaml"
-    assert code == 2 and lines == [
+    assert code == 1 and lines == [
         f"{catalog}: sweeps[0].directory: 'gone' must be a sweep directory beside sweeps.yaml",
         f"{catalog}: sweeps[1]: must name 'model' and 'hardware', and either 'directory' or 'reason'",
         f"{catalog}: sweeps: must list every sweep directory: 'sweep' is missing"]

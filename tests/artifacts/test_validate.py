@@ -45,7 +45,7 @@ def test_bad_enum_names_path_value_and_allowed_values(tmp_path, capsys):
     doc["spec"]["layer_groups"][2]["sublayers"][4]["decode"] = "tpu"
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines == [f"{path}: spec.layer_groups[2].sublayers[4].decode: unsupported value 'tpu': must be one of "
                      "'cpu', 'gpu', 'split'"]
 
@@ -58,7 +58,7 @@ def test_missing_and_unknown_fields_and_bad_types_are_all_reported(tmp_path, cap
     doc["spec"]["layer_groups"][1]["sublayers"][0]["weights"] = "nvme"
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert sorted(lines) == sorted([
         f"{path}: spec.workload.gen_length: unknown field: must be one of batch_size, gen_len, objective, prompt_len",
         f"{path}: spec.workload.gen_len: required field is missing",
@@ -98,7 +98,7 @@ def test_overlapping_layer_ranges(tmp_path, capsys):
     plan = with_group(make_plan(resident=2), 2, first_layer=1, layer_count=TINY_OPT.num_layers - 1)
     path = _write(tmp_path, to_data(plan))
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines == [f"{path}: spec.layer_groups[2].first_layer: must be 2 (layer ranges of class 'decoder' must be "
                      "contiguous, in order: layer 1 is also in spec.layer_groups[1])"]
 
@@ -107,7 +107,7 @@ def test_gap_and_short_coverage(tmp_path, capsys):
     plan = with_group(make_plan(resident=2), 2, first_layer=3, layer_count=2)
     path = _write(tmp_path, to_data(plan))
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines == [
         f"{path}: spec.layer_groups[2].first_layer: must be 2 (layer ranges of class 'decoder' must be contiguous, "
         "in order: layer 2 is not covered)",
@@ -120,7 +120,7 @@ def test_unknown_sublayer_in_group(tmp_path, capsys):
     doc["spec"]["layer_groups"][2]["sublayers"][5]["name"] = "fc3"
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines == [f"{path}: spec.layer_groups[2].sublayers: must name qkv, attn_score, attn_context, out_proj, fc1, "
                      "fc2 in this order, got qkv, attn_score, attn_context, out_proj, fc1, fc3"]
 
@@ -129,7 +129,7 @@ def test_weights_in_hbm_for_a_cpu_sublayer(tmp_path, capsys):
     plan = replace_sub(make_plan(), 2, "fc1", weights="hbm")
     path = _write(tmp_path, to_data(plan))
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines == [f"{path}: spec.layer_groups[2].sublayers[4].weights: must not be 'hbm' for a sublayer computed "
                      "on the CPU"]
 
@@ -140,7 +140,7 @@ def test_config_hash_mismatch(tmp_path, capsys):
     doc["spec"]["layer_groups"][2]["layer_count"] = 5
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     want = TINY_OPT.with_layers(7, name=TINY_OPT.name).sha256()[:12]
     assert lines == [f"{path}: spec.model.config_sha256: must be the sha256 of spec.model.config ('{want}…'), got "
                      f"'{TINY_OPT.sha256()[:12]}…'"]
@@ -163,7 +163,7 @@ def test_over_budget_names_tier_and_shortfall(tmp_path, capsys):
     plan = make_plan(resident=2, gpu_bytes=budget)
     path = _write(tmp_path, to_data(plan))
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
     assert lines[0] == (f"{path}: spec.budgets.gpu_bytes: over budget: the plan places {mib(need)} in 'hbm' (weights "
                         f"{mib(need - 2 * kv_layer)}, KV cache {mib(2 * kv_layer)}), more than the {mib(budget)} "
@@ -178,7 +178,7 @@ def test_reservation_below_what_the_plan_places(tmp_path, capsys):
     doc["spec"]["memory"]["ddr_bytes"] = need - 1
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert len(lines) == 1 and lines[0].startswith(f"{path}: spec.memory.ddr_bytes: must be at least "
                                                    f"{need / 2**20:.1f} MiB: the plan places")
 
@@ -188,7 +188,7 @@ def test_staging_buffers_count_against_hbm(tmp_path, capsys):
     doc["spec"]["execution"]["staging_bytes"] = GIB // 2  # two buffers of 0.5 GiB: the whole 1 GiB GPU budget
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2 and lines[0].startswith(f"{path}: spec.budgets.gpu_bytes: over budget")
+    assert code == 1 and lines[0].startswith(f"{path}: spec.budgets.gpu_bytes: over budget")
     assert "staging 1.0 GiB" in lines[0]
 
 
@@ -201,7 +201,7 @@ def test_status_inconsistent_with_spec(tmp_path, capsys):
     doc["status"]["memory"][0]["used_bytes"] = doc["status"]["memory"][0]["capacity_bytes"] + 1
     path = _write(tmp_path, doc)
     code, lines, _ = _run(capsys, path)
-    assert code == 2
+    assert code == 1
     assert lines[0] == (f"{path}: status.memory[0].used_bytes: must not exceed capacity_bytes (1.0 GiB), got 1.0 GiB")
     assert lines[1] == (f"{path}: status.predicted.sublayers[{entry}].device: must be 'cpu': spec places group "
                         "'offload' unit 'fc1' on 'cpu' in decode, got 'gpu'")
@@ -217,7 +217,7 @@ def test_every_argument_checked_and_unreadable_or_non_yaml_files(tmp_path, capsy
     scalar.write_text("42\n")
     old = _write(tmp_path, {**_doc(), "apiVersion": "liac/v0"}, "old.yaml")
     code, lines, _ = _run(capsys, good, bad, scalar, old, tmp_path / "missing.yaml")
-    assert code == 2
+    assert code == 1
     assert lines[0] == f"{good}: OK (valid plan)"
     assert lines[1].startswith(f"{bad}: not valid YAML: ")
     assert lines[2] == f"{scalar}: must be a YAML mapping with apiVersion, kind, metadata, spec, status"
@@ -247,7 +247,7 @@ def test_changed_shipped_profile_is_a_warning_not_an_error(tmp_path, capsys):
                      f"{path}: OK (valid plan)"]
 
 
-def test_console_script_prints_one_line_per_error_and_exits_2(tmp_path):
+def test_console_script_prints_one_line_per_error_and_exits_1(tmp_path):
     import shutil
     import subprocess
     import sys
@@ -258,6 +258,6 @@ def test_console_script_prints_one_line_per_error_and_exits_2(tmp_path):
     script = shutil.which("liac", path=str(Path(sys.executable).parent))
     command = [script] if script else [sys.executable, "-m", "liac.cli"]
     done = subprocess.run([*command, "validate", str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr == ""
+    assert done.returncode == 1 and done.stderr == ""
     assert done.stdout == (f"{path}: spec.workload.objective: unsupported value 'speed': must be one of 'latency', "
                            "'throughput'\n")
