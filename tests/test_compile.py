@@ -190,6 +190,8 @@ def test_partly_infeasible_sweep_exits_3_writes_the_rest_and_json_parses(tiny, t
     assert doc["infeasible"][0]["batch_size"] == 64 and "mem_total" in doc["infeasible"][0]["reason"]
     assert sorted(doc["written"]) == sorted(str(p) for p in out.iterdir())
     assert load_plan(out / doc["points"][0]["file"]).spec.workload.batch_size == 1
+    index = yaml.safe_load((out / "index.yaml").read_text())
+    assert doc["points"] == index["points"] and doc["infeasible"] == index["infeasible"]  # the same numbers
     assert "decode policy" in stderr and "64     infeasible: " in stderr  # the human table went to stderr
     assert stderr.strip().splitlines()[-1] == ("liac compile: 1 of 2 points infeasible (batch 64); the feasible "
                                                "ones are written")

@@ -92,7 +92,9 @@ def run(args) -> int:
         sys.stderr.write(f"liac compile: {len(result.infeasible)} of {len(batches)} points infeasible (batch "
                          + ", ".join(str(b) for b, _ in result.infeasible) + "); the feasible ones are written\n")
     if args.json:
-        doc = {key: value for key, value in result.index().items() if key not in ("apiVersion", "kind")}
+        from liac.schema_tools import to_data  # floats as index.yaml has them (6 significant digits)
+
+        doc = {key: value for key, value in to_data(result.index()).items() if key not in ("apiVersion", "kind")}
         _print_json(dict(doc, written=[str(path) for path in written]))
     return EXIT_INFEASIBLE if result.infeasible else 0
 
