@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from liac.errors import LiacError
+from liac.host import DEFAULT_BASE
 
 __all__ = ["register", "run"]
 
@@ -23,8 +24,8 @@ def register(sub) -> None:
     parser.add_argument("-o", "--output", help="profile file to write (YAML; default: this host's profile in the "
                                                "user's cache directory, what 'liac compile' uses without --hw)")
     parser.add_argument("--name", help="profile name (default: the output file's stem; 'host' without -o)")
-    parser.add_argument("--base", default="h200-amx16",
-                        help="profile supplying what cannot be measured here (default: h200-amx16)")
+    parser.add_argument("--base", default=DEFAULT_BASE,
+                        help=f"profile supplying what cannot be measured here (default: {DEFAULT_BASE})")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (seconds; caches inflate the numbers): for a first look and tests")
     parser.add_argument("--no-gpu", action="store_true", help="skip GPU and PCIe measurements even with CUDA")
