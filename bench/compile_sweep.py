@@ -49,7 +49,7 @@ def _machine() -> dict:
 
 
 def _sweep(graph, cfg, hw, batches, solver, budgets, policy=None, prompt_len=128):
-    from liac.api import policy_summary
+    from liac.sweep import policy_string
     from liac.passes.costs import Workload, annotate_costs
     from liac.passes.emit import emit_plan
     from liac.passes.ilp import SolverOptions, solve_placement
@@ -65,7 +65,7 @@ def _sweep(graph, cfg, hw, batches, solver, budgets, policy=None, prompt_len=128
         points.append({"batch_size": batch, "seconds": round(seconds, 3), "solver": report.name,
                        "status": report.status, "gap": report.gap, "configurations": report.configurations,
                        "objective_seconds": round(report.objective_seconds, 6),
-                       "prefill": policy_summary(plan, "prefill"), "decode": policy_summary(plan, "decode"),
+                       "prefill": policy_string(plan, "prefill"), "decode": policy_string(plan, "decode"),
                        "tokens_per_second": round(predicted.tokens_per_second, 4),
                        "prefill_seconds": round(predicted.prefill_seconds, 6),
                        "decode_seconds_per_token": round(predicted.decode_seconds_per_token, 6),
@@ -74,7 +74,7 @@ def _sweep(graph, cfg, hw, batches, solver, budgets, policy=None, prompt_len=128
                                                    and any(getattr(u, phase) == "split" for u in g.sublayers))
                                         for phase in ("prefill", "decode")}})
         print(f"  {solver:6s} {policy or 'optimal':8s} B={batch:5d} {seconds:6.2f} s  {report.status} gap={report.gap:g}  "
-              f"{predicted.tokens_per_second:8.3f} tok/s  decode {policy_summary(plan, 'decode')}", flush=True)
+              f"{predicted.tokens_per_second:8.3f} tok/s  decode {policy_string(plan, 'decode')}", flush=True)
     return points
 
 
@@ -84,7 +84,8 @@ def _split_sweep(batches) -> dict:
     from liac.models import ZOO
     from liac.passes.costs import TierBudgets
     from liac.passes.trace import trace_model
-    from liac.profile import GIB, resolve_profile
+    from liac.profile import resolve_profile
+    from liac.sizes import GIB
 
     cfg, hw = ZOO["opt-30b"], resolve_profile("h200-amx16")
     graph = trace_model(cfg)
@@ -113,7 +114,8 @@ def _split_decisions() -> dict:
     from liac.passes.costs import TierBudgets, Workload, annotate_costs
     from liac.passes.ilp import SolverOptions, solve_placement
     from liac.passes.trace import trace_model
-    from liac.profile import GIB, profile_names, resolve_profile
+    from liac.profile import profile_names, resolve_profile
+    from liac.sizes import GIB
 
     profiles = {name: resolve_profile(name) for name in profile_names()}
     base = profiles["spr-h100"]

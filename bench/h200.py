@@ -74,7 +74,7 @@ class Bench:
         print(f"[{time.monotonic() - self.began:6.1f}s] {text}", flush=True)
 
     def save(self) -> None:
-        from liac.plan import write_atomic
+        from liac.fileio import write_atomic
 
         write_atomic(self.out / "summary.json", json.dumps(self.summary, indent=1, sort_keys=True) + "\n")
 
@@ -139,7 +139,7 @@ class Bench:
     def rates(self) -> None:
         import yaml
 
-        from liac.plan import write_atomic
+        from liac.fileio import write_atomic
         from liac.probe import ProbeSizes, measure_rates
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
@@ -228,7 +228,7 @@ class Bench:
             record["wall_seconds"] = round(time.monotonic() - began, 1)
             results.append(record)
             self.log(f"peer {name} {command[2:8]}: {json.dumps(record.get('result', record.get('error')))[:300]}")
-            from liac.plan import write_atomic
+            from liac.fileio import write_atomic
 
             write_atomic(self.out / "peers.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
 
@@ -247,7 +247,7 @@ class Bench:
             f = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
                                gpu_budget_bytes=self.args.gpu_budget_gib * GIB)
             floors.append({"prompt_len": prompt, "batch": batch, "profile": hw.name, **_plain(f)})
-        from liac.plan import write_atomic
+        from liac.fileio import write_atomic
 
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 

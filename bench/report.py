@@ -109,7 +109,7 @@ def calibration(data: dict, profile: Path, plans_dirs: list[Path], write_profile
     profile goes to `write_profile` when given (a profile `liac compile --hw` takes)."""
     sys.path.insert(0, str(ROOT))
     from liac.calibrate import calibrate, load_measurements, profile_yaml, report_data
-    from liac.plan import write_atomic
+    from liac.fileio import write_atomic
     from liac.profile import load_profile
 
     base = load_profile(profile)

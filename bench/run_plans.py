@@ -96,7 +96,7 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
     import torch
 
     from liac.errors import LiacError
-    from liac.plan import write_atomic
+    from liac.fileio import write_atomic
     from liac.runtime import Engine, HostWeights, make_backend
     from liac.runtime.engine import check_request, resolve_plan
     from liac.runtime.metrics import build_metrics, write_metrics

@@ -8,8 +8,8 @@
 
 Inputs: the profile the plans were priced with (measured in the same run), and `lia-run --metrics-out` documents
 (runtime/metrics.py), each matched to the plan it ran by the plan's `metadata.name`. A document gives two kinds of
-measurement, both compared with the cost model re-pricing that plan (liac.api.plan_costs → costs.layer_seconds /
-costs.unit_breakdown, the same calls `emit_plan` makes) at the run's own batch, prompt and generation length:
+measurement, both compared with the cost model re-pricing that plan (`liac.passes.price.price_plan`, the pricing
+`emit_plan` writes into `status.predicted`) at the run's own batch, prompt and generation length:
 
   * phase rows: `prefill_ms` and `decode_ms_per_token` of the timed run, against the layer times of Eqs. 4-8 summed
     over the groups (the plan's `status.predicted` definition);
@@ -40,9 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from liac.errors import LiacError
+from liac.fileio import yaml_dump
+from liac.passes.price import PlanPrice, price_plan, split_grid
 from liac.plan import OffloadPlan, load_plan
-from liac.profile import CurvePoint, HardwareProfile
+from liac.profile import CurvePoint, HardwareProfile, parse_profile
 from liac.schema_tools import stable_float, to_data
+from liac.sweep import plan_files
 
 __all__ = ["FACTORS", "METRICS_VERSIONS", "Run", "Row", "CalibrationResult", "load_measurements", "predict_rows",
            "calibrate", "scaled_profile", "error_summary", "profile_yaml", "report_data", "report_lines"]
@@ -140,7 +143,7 @@ def _plan_files(paths) -> list[Path]:
     for item in paths:
         path = Path(item)
         if path.is_dir():
-            out += sorted(p for p in path.glob("*.yaml") if p.name != "index.yaml")
+            out += plan_files(path)
         elif path.is_file():
             out.append(path)
         else:
@@ -235,66 +238,51 @@ def _with_workload(plan: OffloadPlan, batch: int, prompt: int, gen: int) -> Offl
     return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, workload=work))
 
 
-def _plan_times(plan: OffloadPlan, costs) -> tuple[float, float, dict]:
-    """(prefill s, decode s per token, {(group, unit, phase): (device, compute s + transfer s)}) as emit_plan
-    predicts them (costs.layer_seconds per group × layer_count; costs.unit_breakdown per unit)."""
-    from liac.passes.costs import layer_seconds, unit_breakdown
-    from liac.passes.ilp import unit_tiers
-
-    totals = {"prefill": 0.0, "decode": 0.0}
-    units = {}
-    for group in plan.spec.layer_groups:
-        cls = costs.layer_class(group.layer_class)
-        tiers = unit_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
-        for phase in totals:
-            placement = tuple(1.0 - s.cpu_permille(phase) / 1000.0 for s in group.sublayers)  # GPU shares
-            seconds = layer_seconds(costs, cls, phase, tiers, np.array([placement]))[0]
-            totals[phase] += float(seconds[0]) * group.layer_count
-            for name, device, compute, transfer, _stream in unit_breakdown(costs, cls, phase, tiers, placement):
-                units[(group.name, name, phase)] = (device, compute + transfer)
-    steps = plan.spec.workload.gen_len - 1
-    return totals["prefill"], totals["decode"] / steps if steps > 0 else 0.0, units
+def _unit_seconds(price: PlanPrice) -> dict[tuple[str, str, str], float]:
+    """{(group, unit, phase): compute s + transfer s}: what a profiling pass measures of a unit."""
+    return {(group.name, unit.name, phase): unit.compute_seconds + unit.transfer_seconds
+            for group in price.groups for phase, units in group.units.items() for unit in units}
 
 
 def predict_rows(runs: list[Run], hw: HardwareProfile, graphs: dict | None = None) -> list[float]:
-    """Predicted seconds of every row of `runs` (in order) under profile `hw`.
+    """Predicted seconds of every row of `runs` (in order) under profile `hw`: each run's plan priced as
+    `emit_plan` prices it (`price_plan`), at the run's own workload.
 
     CostGraphs are shared between runs of one model at one workload (prices do not depend on the placement).
     """
-    from liac.api import plan_costs
-    from liac.passes.trace import trace_model
+    from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
 
     graphs = graphs if graphs is not None else {}
-    priced: dict[tuple, object] = {}
-    timed: dict[tuple, tuple] = {}
+    costs: dict[tuple, object] = {}
+    prices: dict[tuple, PlanPrice] = {}
 
-    def times(run: Run, gen: int):
+    def priced(run: Run, gen: int) -> PlanPrice:
         plan = _with_workload(run.plan, run.batch_size, run.prompt_len, gen)
         sha = plan.spec.model.config_sha256
         if sha not in graphs:
             graphs[sha] = trace_model(plan.model_config)
-        key = (sha, run.batch_size, run.prompt_len, gen)
-        if key not in priced:
-            priced[key] = plan_costs(plan, hw=hw, graph=graphs[sha])
+        key = (sha, run.batch_size, run.prompt_len, gen, split_grid(plan))
         plan_key = (run.plan.metadata.name, *key)
-        if plan_key not in timed:
-            timed[plan_key] = _plan_times(plan, priced[key])
-        return timed[plan_key]
+        if plan_key not in prices:
+            price = price_plan(plan, hw=hw, graph=graphs[sha], costs=costs.get(key))
+            costs[key] = price.costs
+            prices[plan_key] = price
+        return prices[plan_key]
 
     out = []
     for run in runs:
-        full = times(run, run.gen_len) if any(r.kind == "phase" for r in run.rows) else None
-        profiled = times(run, run.profile_steps + 1) if any(r.kind == "sublayer" for r in run.rows) else None
+        full = priced(run, run.gen_len) if any(r.kind == "phase" for r in run.rows) else None
+        profiled = priced(run, run.profile_steps + 1) if any(r.kind == "sublayer" for r in run.rows) else None
+        table = _unit_seconds(profiled) if profiled is not None else {}
         for row in run.rows:
             if row.kind == "phase":
-                out.append(full[0] if row.phase == "prefill" else full[1])
+                out.append(full.prefill_seconds if row.phase == "prefill" else full.decode_seconds_per_token)
                 continue
-            table = profiled[2]
             parts = [table.get((row.group, name, row.phase)) for name in row.sublayers]
             if any(p is None for p in parts):
                 raise LiacError(row.source, f"sublayers {list(row.sublayers)} of group '{row.group}' must be units "
                                 f"of plan '{run.plan.metadata.name}'", path="sublayers")
-            out.append(sum(p[1] for p in parts))
+            out.append(sum(parts))
     return out
 
 
@@ -326,7 +314,7 @@ def error_summary(rows, predicted) -> dict:
     return out
 
 
-def _loss(rows, weights: np.ndarray, measured: np.ndarray, predicted: list[float]) -> float:
+def _loss(weights: np.ndarray, measured: np.ndarray, predicted: list[float]) -> float:
     return _robust_loss(weights, _residuals(measured, predicted))
 
 
@@ -436,7 +424,7 @@ def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600) -> C
     if constrained:
         x = _levenberg_marquardt(lambda point: _residuals(measured, predict(point)), weights, x, max_evals,
                                  lambda: evaluations)
-        x = _prefer_base(x, lambda point: _loss(rows, weights, measured, predict(point)))
+        x = _prefer_base(x, lambda point: _loss(weights, measured, predict(point)))
     determined = tuple(name for name in constrained if _moves_predictions(predict, x, name))
     factors = {name: (2.0 ** x[name] if name in x else 1.0) for name in FACTORS}
     after = predict(x)
@@ -454,9 +442,6 @@ def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600) -> C
 
 def profile_yaml(result: CalibrationResult, base: HardwareProfile, name: str) -> str:
     """The calibrated profile as YAML: scaled fields say where they came from; they are no longer estimates."""
-    from liac.plan import yaml_dump
-    from liac.profile import parse_profile
-
     count = len(result.rows)
     sources = dict(base.sources)
     estimates = set(base.estimates)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from liac.errors import LiacError
-from liac.plan import write_atomic, yaml_dump
+from liac.fileio import write_atomic, yaml_dump
 from liac.profile import (HOST_PROFILE, CurvePoint, HardwareProfile, host_profile_path, load_profile, parse_profile,
                           resolve_profile)
 from liac.progress import progress_bar
@@ -144,6 +144,7 @@ def measure_profile(sizes, base: str | HardwareProfile = DEFAULT_BASE, name: str
                     use_gpu: bool | None = None, quick: bool = False) -> HardwareProfile:
     """Measure this host (`sizes`: a `liac.probe.ProbeSizes`) into a profile, with a progress bar on stderr when
     stderr is a terminal. `use_gpu` None: measure the GPU when CUDA is available."""
+    # late import: measuring loads torch; reading a cached profile does not
     import torch
 
     from liac.probe import measure_host
@@ -177,7 +178,7 @@ def write_profile(profile: HardwareProfile, path: str | os.PathLike) -> Path:
 def first_use_sizes():
     """How much the first-use probe measures: `ProbeSizes.quick()`, seconds (caches flatter it; `liac profile`
     measures at full size)."""
-    from liac.probe import ProbeSizes
+    from liac.probe import ProbeSizes  # late import: the probe loads torch
 
     return ProbeSizes.quick()
 

@@ -45,6 +45,7 @@ def hub_offline() -> bool:
 
 
 def _cache_dir() -> str:
+    # late import: only a repo id needs the hub
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -52,6 +53,7 @@ def _cache_dir() -> str:
 
 def _hub_error(error: Exception, repo_id: str, source: str, what: str) -> LiacError:
     """A huggingface_hub exception → one line naming the repo, what was wanted and what to do."""
+    # late import: only a repo id needs the hub
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
@@ -82,6 +84,7 @@ def hub_config(repo_id: str, source: str = "--model") -> Path:
     Raises:
         LiacError: offline and not cached, no such repo, gated, no config.json, or the Hub unreachable.
     """
+    # late import: only a repo id needs the hub
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -98,6 +101,7 @@ def hub_checkpoint(repo_id: str, source: str = "--weights") -> Path:
     Raises:
         LiacError: as `hub_config`, or the cached snapshot holds no safetensors weights.
     """
+    # late import: only a repo id needs the hub
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

@@ -22,14 +22,14 @@ from typing import Iterable, Mapping
 
 import networkx as nx
 
+from liac.plan import LAYER_CLASSES, PHASES
+
 __all__ = [
-    "STAGES", "OP_KINDS", "LAYER_CLASSES", "Poly", "WeightTensor", "TensorSpec", "Sublayer", "SublayerGraph",
-    "require_stage", "PHASES", "phase_point",
+    "STAGES", "OP_KINDS", "Poly", "WeightTensor", "TensorSpec", "Sublayer", "SublayerGraph", "require_stage",
+    "phase_point",
 ]
 
-STAGES = ("traced", "costed")
-LAYER_CLASSES = ("embed", "decoder", "head")
-PHASES = ("prefill", "decode")
+STAGES = ("traced",)  # annotate_costs turns a traced graph into a CostGraph, a record of its own
 
 # Op kinds a sublayer node can have. Placement units are the weight GEMMs, attention and MoE blocks; the rest are
 # small element-wise ops that run on the device of the unit they are attached to (`Sublayer.unit`).
@@ -207,6 +207,6 @@ def require_stage(graph: nx.DiGraph, stage: str, pass_name: str) -> None:
     """Raise when `graph` is not at `stage`, naming the pass that produces it."""
     have = graph.graph.get("stage")
     if have != stage:
-        producer = {"traced": "trace_model (liac.passes.trace)", "costed": "annotate_costs (liac.passes.costs)"}
+        producer = {"traced": "trace_model (liac.passes.trace)"}
         raise ValueError(f"{pass_name} needs a graph at stage '{stage}', got '{have}': run "
                          f"{producer.get(stage, stage)} first")

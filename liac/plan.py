@@ -16,43 +16,44 @@ the tier of its weights, and the tier of the group's KV cache. The embedding and
 
 The frozen dataclasses below are the single source of truth: `load_plan` validates against them (each error names
 the YAML path), `plan_json_schema()` generates the JSON Schema shipped in `liac/schema/`, and `dump_plan` writes
-sorted keys, rounded floats and nothing else, atomically. Same plan → byte-identical file.
+sorted keys, rounded floats and nothing else, atomically (liac/fileio.py). Same plan → byte-identical file.
+Older apiVersions are migrated on load by the functions beside this module (liac/migrate.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import yaml
-
-from liac.artifacts import migrate as _migrations
 from liac.errors import LiacError
+from liac.fileio import read_yaml, write_atomic, yaml_dump
+from liac.migrate import LATEST, MIGRATIONS, migrate_document
+from liac.models import SUBLAYERS
 from liac.models.config import FAMILIES, ModelConfig
 from liac.schema_tools import from_data, json_schema, spec_field, to_data
 
 __all__ = [
-    "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "OBJECTIVES", "MIGRATIONS",
+    "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "HOST_TIERS", "NO_TIER", "OBJECTIVES",
+    "LAYER_CLASSES", "PHASES",
     "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "SublayerPlacement", "LayerGroup",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
-    "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "write_atomic", "yaml_dump",
-    "check_semantics",
+    "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "check_semantics", "placement_of",
 ]
 
-API_VERSION = "liac/v2"
+API_VERSION = LATEST  # older versions load through liac/migrate.py
 KIND = "OffloadPlan"
 DEVICES = ("cpu", "gpu")
 PLACEMENTS = DEVICES + ("split",)  # where a sublayer computes in one phase
 # Sublayers that may split: the weight GEMM units and the LM head (not attention, the embedding, MoE router/experts).
 SPLIT_UNITS = ("qkv", "out_proj", "fc1", "fc2", "gate_up", "down", "lm_head")
 TIERS = ("hbm", "ddr", "cxl")
+HOST_TIERS = ("ddr", "cxl")  # host memory: a GPU computing on an operand here streams it over PCIe
 NO_TIER = "none"
 OBJECTIVES = ("latency", "throughput")
 LAYER_CLASSES = ("embed", "decoder", "head")
+PHASES = ("prefill", "decode")
 SOLVER_STATUSES = ("optimal", "feasible", "fixed")  # 'fixed': a hand-written or fixed-policy plan, not solved
 
 
@@ -191,7 +192,7 @@ class SublayerTime:
 
     group: str = spec_field("layer group name")
     name: str = spec_field("sublayer name")
-    phase: str = spec_field("phase", enum=("prefill", "decode"))
+    phase: str = spec_field("phase", enum=PHASES)
     device: str = spec_field("compute placement", enum=PLACEMENTS)
     compute_seconds: float = spec_field("roofline compute time (split: the slower of its two parts)", minimum=0)
     transfer_seconds: float = spec_field("activation / KV-write transfers charged to this sublayer", minimum=0)
@@ -253,28 +254,7 @@ class OffloadPlan:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Versioning: an older document is migrated step by step to API_VERSION before validation.
-# MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure, lives in liac/artifacts/migrate.py and is
-# covered by a kept fixture (tests/artifacts/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
-MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
-    _migrations.V1ALPHA1: (_migrations.V1, _migrations.migrate_v1alpha1_to_v1),
-    _migrations.V1: (_migrations.V2, _migrations.migrate_v1_to_v2),
-}
-
-
-def _migrate(doc: dict, source: str) -> dict:
-    seen = set()
-    while isinstance(doc, dict) and doc.get("apiVersion") in MIGRATIONS and doc.get("apiVersion") != API_VERSION:
-        version = doc["apiVersion"]
-        if version in seen:
-            raise LiacError(source, f"migration loop at '{version}'", path="apiVersion")
-        seen.add(version)
-        _, migrate = MIGRATIONS[version]
-        try:
-            doc = migrate(doc)
-        except _migrations.MigrationError as e:
-            raise LiacError(source, f"{e.message} (while migrating from '{version}')", path=e.path) from e
-    return doc
+# Reading: an older document is migrated step by step to API_VERSION (liac/migrate.py) before validation.
 
 
 def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
@@ -286,7 +266,7 @@ def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
     if version not in known:
         raise LiacError(source, f"unsupported value {version!r}: must be one of "
                         + ", ".join(f"'{v}'" for v in known), path="apiVersion")
-    doc = _migrate(doc, source)
+    doc = migrate_document(doc, source)
     plan = from_data(OffloadPlan, doc, source)
     errors = check_semantics(plan)
     if errors:
@@ -297,29 +277,25 @@ def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
 
 def load_plan(path: str | os.PathLike) -> OffloadPlan:
     """Read and validate a plan file (YAML, safe_load)."""
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LiacError(source, f"not valid YAML: {' '.join(str(e).split())}") from e
-    return parse_plan(doc, source)
+    return parse_plan(read_yaml(path), str(path))
 
 
 def _layer_span(first: int, last: int) -> str:
     return f"layer {first} is" if first == last else f"layers {first}..{last} are"
 
 
-_WHOLE_PERMILLE = {"cpu": 1000, "gpu": 0}
+_WHOLE_PERMILLE = {"cpu": 1000, "gpu": 0}  # the CPU's share of a unit placed wholly on one device
+
+
+def placement_of(cpu_permille: int) -> str:
+    """The placement of a unit whose CPU share is `cpu_permille`: 'cpu' (1000), 'gpu' (0) or 'split'."""
+    return {1000: "cpu", 0: "gpu"}.get(cpu_permille, "split")
 
 
 def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
     """A sublayer's permille must match its placement; only weight GEMM units split, and from DDR or CXL."""
     errors = []
-    for phase in ("prefill", "decode"):
+    for phase in PHASES:
         placement, permille = getattr(sub, phase), sub.cpu_permille(phase)
         if placement in _WHOLE_PERMILLE and permille != _WHOLE_PERMILLE[placement]:
             errors.append((f"{where}.{phase}_cpu_permille", f"must be {_WHOLE_PERMILLE[placement]} for '{placement}' "
@@ -331,15 +307,13 @@ def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
             if sub.name not in SPLIT_UNITS:
                 errors.append((f"{where}.{phase}", "must not be 'split': only "
                                                    + ", ".join(f"'{u}'" for u in SPLIT_UNITS) + " may split"))
-    if "split" in (sub.prefill, sub.decode) and sub.name in SPLIT_UNITS and sub.weights not in ("ddr", "cxl"):
+    if "split" in (sub.prefill, sub.decode) and sub.name in SPLIT_UNITS and sub.weights not in HOST_TIERS:
         errors.append((f"{where}.weights", f"must be 'ddr' or 'cxl' for a split sublayer, got '{sub.weights}'"))
     return errors
 
 
 def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
     """Checks the schema cannot express. Returns (yaml path, message) pairs; empty when the plan is sound."""
-    from liac.models import SUBLAYERS  # late import: models pull in torch
-
     errors: list[tuple[str, str]] = []
     spec = plan.spec
     try:
@@ -405,43 +379,8 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
 # Writing
 
 
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-def _str_presenter(dumper, data):
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
-
-
-_Dumper.add_representer(str, _str_presenter)
-
-
-def yaml_dump(data: Any) -> str:
-    """Deterministic YAML: sorted keys, block style, no aliases."""
-    _Dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=120,
-                     allow_unicode=True)
-
-
 def plan_to_yaml(plan: OffloadPlan) -> str:
     return yaml_dump(to_data(plan))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temp file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        # mkstemp creates 0600; a plan or page is an ordinary file (keep the mode of the file it replaces).
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def dump_plan(plan: OffloadPlan, path: str | os.PathLike) -> None:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from liac.sizes import GB, GIB, MIB
+
 __all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "GEMM_ROWS"]
 
-GIB = 2**30
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
 
 
@@ -43,8 +45,7 @@ class ProbeSizes:
     @staticmethod
     def quick() -> "ProbeSizes":
         """Small sizes for tests and a first look (numbers are optimistic: caches help)."""
-        mib = 2**20
-        return ProbeSizes(weight_bytes=16 * mib, rotate_bytes=48 * mib, gemm_k=512, copy_bytes=16 * mib, repeats=2)
+        return ProbeSizes(weight_bytes=16 * MIB, rotate_bytes=48 * MIB, gemm_k=512, copy_bytes=16 * MIB, repeats=2)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def _gemv_rate(weights: list[torch.Tensor], kernel: str, repeats: int) -> float:
                 F.linear(x2, w)
 
     seconds = _median_seconds(run, repeats)
-    return sum(w.numel() * 2 for w in weights) / seconds / 1e9
+    return sum(w.numel() * 2 for w in weights) / seconds / GB
 
 
 def _gemm_curve(k: int, rotate_bytes: int, repeats: int) -> list[tuple[int, float]]:
@@ -138,7 +139,7 @@ def _kv_read_rate(total_bytes: int, repeats: int) -> float:
     v = _random(batch, heads, ctx, head_dim)
     q = torch.randn(batch, heads, 1, head_dim, dtype=torch.bfloat16)
     seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v), repeats)
-    return (k.numel() + v.numel()) * 2 / seconds / 1e9
+    return (k.numel() + v.numel()) * 2 / seconds / GB
 
 
 def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
@@ -158,8 +159,6 @@ def _split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
     launches the GPU part (with CUDA: a tiny kernel and an event record), waits for the worker's result (and the
     event), and launches the merge (a concatenation). The same ops run inline on the main thread are the
     baseline; the median difference over `repeats` round trips is the synchronisation alone."""
-    from concurrent.futures import ThreadPoolExecutor
-
     pool = ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
     host = torch.ones(64, dtype=torch.bfloat16)
     device = torch.ones(64, dtype=torch.bfloat16, device="cuda") if use_gpu else host
@@ -220,7 +219,7 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
     step("HBM bandwidth")
     src = torch.empty(sizes.copy_bytes * 2, dtype=torch.uint8, device=cuda)
     dst = torch.empty_like(src)
-    out["gpu_hbm_gb_per_s"] = 2 * src.numel() / _median_seconds(lambda: dst.copy_(src), 10, sync) / 1e9
+    out["gpu_hbm_gb_per_s"] = 2 * src.numel() / _median_seconds(lambda: dst.copy_(src), 10, sync) / GB
     del src, dst
     out["gpu_launch_seconds"] = _launch_seconds("cuda", sync)
     out["gpu_hbm_gib"] = torch.cuda.get_device_properties(0).total_memory / GIB
@@ -231,9 +230,9 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
     dev = torch.empty(sizes.copy_bytes, dtype=torch.uint8, device=cuda)
     dev2 = torch.empty_like(dev)
     out["pcie_h2d_gb_per_s"] = host.numel() / _median_seconds(
-        lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / 1e9
+        lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / GB
     out["pcie_d2h_gb_per_s"] = host.numel() / _median_seconds(
-        lambda: host2.copy_(dev2, non_blocking=True), sizes.repeats, sync) / 1e9
+        lambda: host2.copy_(dev2, non_blocking=True), sizes.repeats, sync) / GB
     up, down = torch.cuda.Stream(), torch.cuda.Stream()
 
     def both():
@@ -242,7 +241,7 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
         with torch.cuda.stream(down):
             host2.copy_(dev2, non_blocking=True)
 
-    out["pcie_bidir_gb_per_s"] = 2 * host.numel() / _median_seconds(both, sizes.repeats, sync) / 1e9
+    out["pcie_bidir_gb_per_s"] = 2 * host.numel() / _median_seconds(both, sizes.repeats, sync) / GB
     small_h, small_d = torch.empty(4096, dtype=torch.uint8).pin_memory(), torch.empty(4096, dtype=torch.uint8,
                                                                                         device=cuda)
     out["pcie_latency_seconds"] = _median_seconds(lambda: small_d.copy_(small_h, non_blocking=True), 50, sync)
@@ -279,8 +278,8 @@ def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, f
                 read += w.numel() * 2
         cpu_seconds = time.perf_counter() - start
         torch.cuda.synchronize()
-        cpu_rates.append(read / cpu_seconds / 1e9)
-        h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / 1e9)
+        cpu_rates.append(read / cpu_seconds / GB)
+        h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / GB)
     return statistics.median(cpu_rates), statistics.median(h2d_rates)
 
 
@@ -298,9 +297,9 @@ def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, f
         host = torch.empty(sizes.copy_bytes, dtype=torch.uint8).pin_memory()
         dev = torch.empty(sizes.copy_bytes, dtype=torch.uint8, device=cuda)
         rates["pcie_h2d_gb_per_s"] = host.numel() / _median_seconds(
-            lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / 1e9
+            lambda: dev.copy_(host, non_blocking=True), sizes.repeats, sync) / GB
         rates["pcie_d2h_gb_per_s"] = host.numel() / _median_seconds(
-            lambda: host.copy_(dev, non_blocking=True), sizes.repeats, sync) / 1e9
+            lambda: host.copy_(dev, non_blocking=True), sizes.repeats, sync) / GB
         copies = max(4, -(-sizes.rotate_bytes // host.numel()))
         cpu_rate, h2d_rate = _concurrent(weights, host, dev, copies, sizes.repeats)
         rates["ddr_shared_gb_per_s"] = cpu_rate + h2d_rate

@@ -26,16 +26,15 @@ from importlib import resources
 from pathlib import Path
 
 import platformdirs
-import yaml
 
 from liac.errors import LiacError
+from liac.fileio import parse_yaml, read_yaml
 from liac.schema_tools import from_data, spec_field, to_data
+from liac.sizes import GIB
 
-__all__ = ["CurvePoint", "HardwareProfile", "GB", "GIB", "HOST_PROFILE", "load_profile", "parse_profile",
-           "resolve_profile", "profile_names", "host_profile_path"]
+__all__ = ["CurvePoint", "HardwareProfile", "HOST_PROFILE", "load_profile", "parse_profile", "resolve_profile",
+           "profile_names", "host_profile_path"]
 
-GB = 10**9  # rates: GB/s
-GIB = 2**30  # capacities: GiB
 HOST_PROFILE = "host"  # the name of this machine's own profile, kept in the user's cache directory
 
 
@@ -167,20 +166,7 @@ def parse_profile(data, source: str) -> HardwareProfile:
 
 def load_profile(path: str | os.PathLike) -> HardwareProfile:
     """Read and validate a profile file (YAML, safe_load)."""
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
-    return _parse_text(text, source)
-
-
-def _parse_text(text: str, source: str) -> HardwareProfile:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LiacError(source, f"not valid YAML: {' '.join(str(e).split())}") from e
-    return parse_profile(data, source)
+    return parse_profile(read_yaml(path), str(path))
 
 
 def profile_names() -> list[str]:
@@ -214,7 +200,8 @@ def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
     shipped = profile_names()
     if stem in shipped:
         entry = resources.files("liac") / "profiles" / f"{stem}.yaml"
-        return _parse_text(entry.read_text(), f"liac/profiles/{stem}.yaml")
+        shipped_source = f"liac/profiles/{stem}.yaml"
+        return parse_profile(parse_yaml(entry.read_text(), shipped_source), shipped_source)
     if path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
         raise LiacError(source, f"file '{name_or_path}' does not exist")
     raise LiacError(source, f"unknown hardware profile '{name_or_path}': must be a profile file, "

@@ -7,12 +7,14 @@
         │  annotate_costs              passes/costs.py: price every unit on CPU and GPU per phase, + HardwareProfile
         ▼
     CostGraph                          plain ids and numbers; serialises to JSON
-        │  solve_placement             passes/ilp.py (+ ilp_master.py, ilp_knapsack.py): exact placement over units × tiers
-        ▼
+        │  solve_placement             passes/ilp.py (+ ilp_master.py, ilp_knapsack.py, ilp_records.py): exact
+        ▼                              placement over units × tiers
     Assignment
         │  emit_plan                   passes/emit.py: + workload and budgets
         ▼
     OffloadPlan                        liac/plan.py: the YAML contract the runtime executes
+
+    passes/price.py prices a placement (not a pass: the ILP, emit_plan, `liac explain` and `liac calibrate` call it)
 
 Stages are stamped in `graph.graph["stage"]` (liac.ir.STAGES); a pass checks its input's stage on entry.
 Imports here are lazy so that `import liac.passes.ilp` does not pull in torch.

@@ -4,18 +4,17 @@ The CostGraph holds plain ids and numbers (Alpa's c/d/m vectors): per layer clas
 compute seconds on the CPU (per tier its operand lives in) and on the GPU, the bytes it would stream to the GPU,
 the bytes the CPU reads from DDR for it, its KV-cache write cost in each direction, and each activation edge's
 PCIe cost in each direction; plus memory per unit and the budgets. It serialises to JSON (`to_json`/`from_json`),
-so any solve can be replayed without a model. `layer_seconds` combines the numbers into a layer's time for a
-placement (Eqs. 4-8 and 18 of docs/cost-model.md: the chain, the stream, shared DDR, and the DMA's reads fitted
-beside the CPU's); the ILP and the plan's predicted costs both call it, so a price has exactly one home.
+so any solve can be replayed without a model. Combining these numbers into the time of a placement (Eqs. 2-9, 15-18
+of docs/cost-model.md: the chain, the stream, shared DDR, the DMA's reads fitted beside the CPU's) is passes/price.py's
+alone; the ILP, the plan's predicted costs, `liac explain` and `liac calibrate` all call it there.
 
 A weight GEMM unit may also be *split*: the CPU computes a share of its output features from the weights' tier
 while the GPU computes the rest from streamed weights (Eqs. 15-17), paying the profile's `split_sync_seconds` to
 hand the CPU part to the runtime's worker thread and join it. The CostGraph prices each such unit at every
-CPU share of its grid (`split_permille`), and `layer_seconds` takes per-unit GPU shares, 0/1 being whole
-placements.
+CPU share of its grid (`split_permille`).
 
 Every price is a small function of (op kind, bytes, FLOPs, profile) below; there are no per-model tables.
-Decode is priced at each of the gen_len steps (C grows by one per step) and summed exactly.
+Decode is priced at each of the gen_len - 1 steps (C grows by one per step).
 
     costs = annotate_costs(graph, resolve_profile("spr-h100"), Workload(1, 128, 32), budgets)
     costs.classes["decoder"].phases["decode"].units[0].gpu_seconds  # qkv on the GPU, each step
@@ -26,22 +25,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from liac.ir import PHASES, Sublayer, SublayerGraph, phase_point, require_stage
-from liac.profile import GB, HardwareProfile
+from liac.ir import Sublayer, SublayerGraph, phase_point, require_stage
+from liac.plan import PHASES, TIERS
+from liac.profile import HardwareProfile
 from liac.schema_tools import from_data, to_data
+from liac.sizes import GB
 
 __all__ = [
-    "TIERS", "DEVICES", "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts",
-    "PhaseCosts", "ClassCosts", "CostGraph", "annotate_costs", "node_seconds", "cpu_throughput_rows",
-    "experts_touched", "transfer_seconds", "share_transfer_seconds", "splittable", "layer_seconds",
-    "placement_masks", "unit_breakdown", "dma_beside_cpu_seconds",
+    "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts", "PhaseCosts", "ClassCosts",
+    "CostGraph", "annotate_costs", "node_seconds", "cpu_node_prices", "cpu_throughput_rows", "experts_touched",
+    "transfer_seconds", "splittable",
 ]
 
-TIERS = ("hbm", "ddr", "cxl")
-DEVICES = ("cpu", "gpu")
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
 OPERANDS = ("weights", "kv", "none")
 _ATTENTION = ("attention_score", "softmax", "attention_context")
@@ -233,7 +232,25 @@ def _activation_bytes(sub: Sublayer, point: tuple[int, int, int], weights_touche
     return max(0.0, sub.bytes_read(*point) - weights_read - sub.kv_read(*point)), float(sub.bytes_written(*point))
 
 
-def _shared_terms(sub: Sublayer, share, flops: float, weights: float, a_in: float, a_out: float):
+class _Part(NamedTuple):
+    """A node's work on one device: FLOPs, weight bytes, activation bytes in and out (arrays over shares)."""
+
+    flops: float
+    weights: float
+    a_in: float
+    a_out: float
+
+
+class _NodeTerms(NamedTuple):
+    """What one node (one kernel) does in one step: the numbers Eq. 1 prices."""
+
+    flops: float
+    weight_bytes: float
+    kv_bytes: float
+    activation_bytes: float  # in and out
+
+
+def _shared_terms(sub: Sublayer, share, flops: float, weights: float, a_in: float, a_out: float) -> _Part:
     """What part of a node one device does when it computes `share` of its unit's output features (Eq. 15).
 
     The weight GEMM: that share of its FLOPs, weights and output, all of its input. A norm before it: all of it
@@ -241,10 +258,10 @@ def _shared_terms(sub: Sublayer, share, flops: float, weights: float, a_in: floa
     residual add): that share of everything.
     """
     if sub.kind == "linear":
-        return flops * share, weights * share, a_in, a_out * share
+        return _Part(flops * share, weights * share, a_in, a_out * share)
     if sub.kind == "norm":
-        return flops, weights, a_in, a_out
-    return flops * share, weights * share, a_in * share, a_out * share
+        return _Part(flops, weights, a_in, a_out)
+    return _Part(flops * share, weights * share, a_in * share, a_out * share)
 
 
 def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple[int, int, int],
@@ -263,8 +280,8 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
                       (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
 
 
-def _node_terms(sub: Sublayer, point: tuple[int, int, int], share):
-    """(FLOPs, weight bytes, KV bytes, activation bytes) of a node, or of its part at `share` (Eq. 15)."""
+def _node_terms(sub: Sublayer, point: tuple[int, int, int], share) -> _NodeTerms:
+    """What a node does in one step, or its part at `share` of its unit's output features (Eq. 15)."""
     batch, query, _ = point
     flops = float(sub.flops(*point))
     weights = _weights_touched(sub, batch, query)
@@ -273,7 +290,7 @@ def _node_terms(sub: Sublayer, point: tuple[int, int, int], share):
     if not (np.isscalar(share) and share == 1.0):
         flops, weights, a_in, a_out = _shared_terms(sub, np.asarray(share, dtype=np.float64), flops, weights,
                                                     a_in, a_out)
-    return flops, weights, kv, a_in + a_out
+    return _NodeTerms(flops, weights, kv, a_in + a_out)
 
 
 def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int, int], hw: HardwareProfile,
@@ -413,8 +430,16 @@ def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,
             "split_cpu_read_bytes": nested(np.repeat(read[:, None], steps, axis=1))}
 
 
-def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> list[tuple[int, int, object]]:
-    """(src unit, dst unit, bytes Poly) of activations crossing between units of one layer of the class.
+class _Edge(NamedTuple):
+    """An activation crossing from unit `src` to unit `dst` (indices into the class's units), `nbytes` a Poly."""
+
+    src: int
+    dst: int
+    nbytes: object
+
+
+def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> list[_Edge]:
+    """The activations crossing between units of one layer of the class.
 
     Decoder layers also feed the next layer: the tensors the embedding hands the decoder are, in steady state,
     handed by the previous decoder layer's output unit (the layer priced as if its neighbours share its
@@ -428,7 +453,7 @@ def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> li
         a, b = graph.nodes[src]["sublayer"], graph.nodes[dst]["sublayer"]
         nbytes = data["tensor"].nbytes
         if a.layer_class == layer_class and b.layer_class == layer_class and a.unit != b.unit:
-            edges.append((index[a.unit], index[b.unit], nbytes))
+            edges.append(_Edge(index[a.unit], index[b.unit], nbytes))
         elif layer_class == "decoder" and a.layer_class != "decoder" and b.layer_class == "decoder":
             inputs.append((index[b.unit], nbytes))
         elif layer_class == "decoder" and a.layer_class == "decoder" and b.layer_class != "decoder":
@@ -436,7 +461,7 @@ def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> li
     for out in sorted(out_units):
         for dst, nbytes in inputs:
             if dst != out:
-                edges.append((out, dst, nbytes))
+                edges.append(_Edge(out, dst, nbytes))
     return edges
 
 
@@ -452,7 +477,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         split_permille: CPU shares (permille, each 1..999) to price split units at; () prices no splits.
 
     Returns:
-        The CostGraph (stage 'costed'): prices for every unit, device, tier, phase and step.
+        The CostGraph: prices for every unit, device, tier, phase and step.
 
     Raises:
         ValueError: the graph is not at stage 'traced', or a split share is outside 1..999.
@@ -517,191 +542,3 @@ def _workspace_bytes(subs: list[Sublayer], points) -> float:
         for s in subs:
             peak = max(peak, sum(_activation_bytes(s, point, _weights_touched(s, point[0], point[1]))))
     return peak
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Combining prices into a layer's time (Eqs. 4-8, 15-17), vectorised over placements
-
-
-def placement_masks(num_units: int) -> np.ndarray:
-    """All 2^U placements as a [P, U] 0/1 array; 1 means the GPU. Row p is the binary of p, unit 0 first."""
-    codes = np.arange(2 ** num_units)
-    return ((codes[:, None] >> np.arange(num_units)[None, :]) & 1).astype(np.int8)
-
-
-def share_transfer_seconds(seconds, fraction: np.ndarray, latency: float) -> np.ndarray:
-    """[P, steps] seconds of copying `fraction` [P] of a transfer that takes `seconds` [steps] whole (Eqs. 2, 17):
-    the bytes scale, the fixed latency does not; nothing copied costs nothing."""
-    seconds = np.asarray(seconds, dtype=np.float64)[None, :]
-    fraction = fraction[:, None]
-    moved = (fraction > 0) & (seconds > 0)
-    return np.where(moved, fraction * (seconds - latency) + latency, 0.0)
-
-
-def _cpu_permille(shares: np.ndarray) -> np.ndarray:
-    """GPU shares [P, U] (1 = all on the GPU) → the CPU's permille of each unit's output features."""
-    return np.rint((1.0 - shares) * 1000.0).astype(np.int64)
-
-
-def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int) -> dict:
-    """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
-    'stream' bytes to the GPU, 'read' bytes the CPU reads from the tier, 'cpu' seconds the CPU computes and the
-    DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether the option is allowed."""
-    tier_index = TIERS.index(tier)
-    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
-    ok = np.ones(permille.size, dtype=bool)
-    grid = {p: k for k, p in enumerate(costs.split_permille)}
-    for option, value in enumerate(permille):
-        if value == 0:
-            out["compute"][option] = unit.gpu_seconds
-            out["stream"][option] = unit.stream_bytes
-        elif value == 1000:
-            out["compute"][option] = out["cpu"][option] = unit.cpu_seconds[tier_index]
-            out["beside"][option] = unit.cpu_beside_bytes[tier_index]
-            out["read"][option] = unit.cpu_read_bytes
-            ok[option] = tier != "hbm" or unit.cpu_allows_hbm
-        elif unit.can_split and int(value) in grid:
-            k = grid[int(value)]
-            # Eq. 15: both parts run at once; the unit is done when the slower one is, and the hand-off of the CPU
-            # part to the worker thread and the join cost the sync on top
-            out["compute"][option] = (np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
-                                      + costs.split_sync_seconds)
-            out["cpu"][option] = unit.split_cpu_seconds[k][tier_index]
-            out["beside"][option] = unit.split_cpu_beside_bytes[k][tier_index]
-            out["stream"][option] = unit.split_stream_bytes[k]
-            out["read"][option] = unit.split_cpu_read_bytes[k]
-            ok[option] = tier in ("ddr", "cxl")  # a split reads its CPU share from DDR/CXL, never from HBM
-        elif unit.can_split:
-            raise ValueError(f"unit '{unit.name}' is priced at CPU shares {costs.split_permille} permille, not {value}")
-        else:
-            ok[option] = False  # this unit cannot split
-    out["ok"] = ok
-    return out
-
-
-def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,
-                           shared_gb_per_s: float):
-    """Eq. 18: the least step time that fits the DMA's reads of DDR beside the CPU's (elementwise over arrays).
-
-    A fluid model of the memory system. While the CPU computes (`cpu_seconds` of the chain), DMA can read the
-    `beside_bytes` the CPU's kernels leave it (Eq. 18a, per kernel: what the shared DDR rate leaves beside the
-    kernel's own reads, at most the PCIe rate; its launch overhead at min(PCIe, shared)); the rest of the chain
-    (GPU work, transfers, a split's sync) it reads DDR alone, at min(PCIe, shared). When the streamed bytes do not
-    fit, the step stretches: first by slowing the CPU's reads (each second of it gives the DMA `shared` bytes,
-    until the DMA beside the CPU runs at the PCIe rate: CPU seconds = cpu_bytes / (shared − PCIe)), then by
-    waiting for the DMA alone. So where the CPU alone saturates DDR (shared = its rate), moving a unit's bytes from
-    the CPU to PCIe gains only what DMA reads while the CPU does not read DDR.
-    """
-    h, s = h2d_gb_per_s * GB, shared_gb_per_s * GB
-    chain = np.asarray(chain, dtype=np.float64)
-    gaps = np.maximum(chain - cpu_seconds, 0.0)
-    deficit = np.maximum(stream_bytes - beside_bytes - min(h, s) * gaps, 0.0)
-    if s <= h:  # the DMA alone gets the shared rate: every second of stretch gives it that
-        return chain + deficit / s
-    slow = np.maximum(cpu_bytes / (s - h) - cpu_seconds, 0.0)
-    return chain + np.where(deficit <= s * slow, deficit / s, slow + (deficit - s * slow) / h)
-
-
-def layer_seconds(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
-                  masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement in `masks`.
-
-    Args:
-        costs: the cost graph (for the link rates of Eqs. 5-6 and the split grid).
-        cls: the layer class.
-        phase: 'prefill' or 'decode'.
-        tiers: per unit, the tier of its operand (weights tier, or the KV tier for attention units).
-        masks: [P, U] placements: per unit its GPU share, 1 = GPU, 0 = CPU, and in between a split whose CPU
-            share 1 − mask (in permille) is one of `costs.split_permille`.
-
-    Returns:
-        (seconds [P], staging bytes [P] = most bytes streamed in one step (Eq. 9), valid [P] bool,
-        chain seconds [P] (the sequential part alone: breaks ties between placements the max() makes equal)).
-    """
-    pc = cls.phase(phase)
-    shares = np.asarray(masks, dtype=np.float64)
-    num = shares.shape[0]
-    permille = _cpu_permille(shares)
-    steps = max(pc.steps, 1)  # gen_len 1: no decode step; validity is still checked
-    chain = np.zeros((num, steps))
-    stream_ddr = np.zeros((num, steps))
-    stream_cxl = np.zeros((num, steps))
-    cpu_ddr = np.zeros((num, steps))
-    cpu_seconds = np.zeros((num, steps))
-    beside = np.zeros((num, steps))
-    valid = np.ones(num, dtype=bool)
-    latency = costs.pcie_latency_seconds
-    kv_tier = next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
-    for index, unit in enumerate(pc.units):
-        values, inverse = np.unique(permille[:, index], return_inverse=True)
-        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0)
-        valid &= options["ok"][inverse]
-        if pc.steps == 0:
-            continue
-        chain += options["compute"][inverse]  # Eqs. 1, 15
-        cpu_seconds += options["cpu"][inverse]
-        beside += options["beside"][inverse]
-        if tiers[index] == "ddr":
-            stream_ddr += options["stream"][inverse]
-            cpu_ddr += options["read"][inverse]
-        elif tiers[index] == "cxl":
-            stream_cxl += options["stream"][inverse]
-        if kv_tier is not None:  # Eq. 3: new K, V go to the KV tier's side of PCIe (a split: its parts' shares)
-            if kv_tier == "hbm":
-                chain += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
-            else:
-                chain += share_transfer_seconds(unit.kv_to_host_seconds, shares[:, index], latency)
-    if pc.steps == 0:
-        return np.zeros(num), np.zeros(num), valid, np.zeros(num)
-    for edge in pc.edges:  # Eqs. 2, 17: each device computing part of dst needs the parts of src it lacks
-        src, dst = shares[:, edge.src], shares[:, edge.dst]
-        chain += share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
-        chain += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
-    t_stream = stream_ddr / (costs.h2d_gb_per_s * GB) + stream_cxl / (costs.cxl_stream_gb_per_s * GB)  # Eq. 5
-    t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
-    t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
-                                      costs.ddr_shared_gb_per_s)  # Eq. 18
-    step_seconds = np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared))  # Eq. 7
-    staging = (stream_ddr + stream_cxl).max(axis=1)  # Eq. 9
-    return step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1)  # Eq. 8
-
-
-def unit_breakdown(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
-                   placement: tuple[float, ...]) -> list[tuple[str, str, float, float, float]]:
-    """Per unit: (name, device, compute s, transfer s, stream s), each the mean over the phase's steps.
-
-    `placement` gives each unit's GPU share (1 = GPU, 0 = CPU, in between a split: device 'split', compute the
-    slower of its two parts). Transfers are charged to the unit that receives the activation (and KV writes to
-    the unit that writes them); stream seconds are the unit's streamed bytes at the link rate (overlapped with
-    compute, Eq. 7).
-    """
-    pc = cls.phase(phase)
-    shares = np.asarray(placement, dtype=np.float64)[None, :]
-    permille = _cpu_permille(shares)[0]
-    latency = costs.pcie_latency_seconds
-    kv_tier = next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
-    out = []
-    for index, unit in enumerate(pc.units):
-        value = int(permille[index])
-        device = {0: "gpu", 1000: "cpu"}.get(value, "split")
-        if pc.steps == 0:
-            out.append((unit.name, device, 0.0, 0.0, 0.0))
-            continue
-        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
-        compute, stream_bytes = options["compute"], options["stream"]
-        transfer = np.zeros((1, pc.steps))
-        if kv_tier == "hbm":
-            transfer += share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - shares[:, index], latency)
-        elif kv_tier is not None:
-            transfer += share_transfer_seconds(unit.kv_to_host_seconds, shares[:, index], latency)
-        for edge in pc.edges:
-            if edge.dst == index:
-                src, dst = shares[:, edge.src], shares[:, edge.dst]
-                transfer += share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency)
-                transfer += share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency)
-        stream = 0.0
-        if value < 1000 and tiers[index] in ("ddr", "cxl"):
-            rate = costs.h2d_gb_per_s if tiers[index] == "ddr" else costs.cxl_stream_gb_per_s
-            stream = float(np.mean(stream_bytes)) / (rate * GB)
-        out.append((unit.name, device, float(np.mean(compute)), float(np.mean(transfer)), stream))
-    return out

@@ -3,7 +3,7 @@
 A column formulation that exploits layer symmetry (docs/cost-model.md §3). Per layer class:
 
 1. enumerate tier vectors: a tier (hbm/ddr/cxl) for each unit's weights and for the KV cache;
-2. for each, price every placement per phase (numpy, `costs.layer_seconds`): all 2^U whole placements, and those
+2. for each, price every placement per phase (numpy, `price.layer_time`): all 2^U whole placements, and those
    where up to `max_split_units` weight GEMM units with weights off HBM split their output features between the
    CPU and the GPU at a share of the CostGraph's grid; keep the Pareto front over (phase seconds, staging bytes,
    uses the GPU);
@@ -25,15 +25,19 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from liac.errors import LiacError
-from liac.passes.costs import ClassCosts, CostGraph, layer_seconds
+from liac.passes.costs import ClassCosts, CostGraph
 from liac.passes.ilp_master import check_capacity, solve_master
+from liac.passes.ilp_records import LayerConfig, SolverOptions
+from liac.passes.price import layer_time, operand_tiers
+from liac.plan import HOST_TIERS
 
-__all__ = ["SolverOptions", "Policy", "LayerConfig", "Assignment", "SolverReport", "POLICIES", "WHOLE",
-           "parse_policy", "phase_placements", "layer_configs", "solve_placement", "unit_tiers"]
+__all__ = ["SolverOptions", "Policy", "LayerConfig", "LayerChoice", "Assignment", "SolverReport", "POLICIES", "WHOLE",
+           "parse_policy", "phase_placements", "layer_configs", "solve_placement"]
 
 # Fixed policies of LIA (lia-paper.md §2.3) over the six decoder units (qkv, attn_score, attn_context, out_proj,
 # fc1/gate_up/router, fc2/down/experts), 1 = GPU. Each also allows LIA's Optimization-1: whole layers resident
@@ -47,17 +51,6 @@ POLICIES: dict[str, tuple[tuple[int, ...], ...]] = {
 # The optimum over whole-sublayer placements only (no splits): what liac compiled before splits, and the baseline
 # a split's gain is measured against.
 WHOLE = "whole"
-
-
-@dataclass(frozen=True)
-class SolverOptions:
-    """How to solve; nothing about the problem itself (that is the CostGraph)."""
-
-    solver: str = "auto"  # 'auto' (HiGHS when highspy is installed, else CBC), 'cbc' or 'highs'
-    time_limit_seconds: float = 120.0  # a safety net: the master problems solve in well under a second
-    threads: int = 1  # one thread keeps runs deterministic
-    policy: str | None = None  # None (free), a POLICIES name or 'whole' for both phases, or 'PREFILL/DECODE'
-    max_split_units: int = 1  # split units per layer and phase (docs/cost-model.md §3: why one is enough)
 
 
 @dataclass(frozen=True)
@@ -75,64 +68,19 @@ class Policy:
         return (self.prefill, self.prefill_split) if phase == "prefill" else (self.decode, self.decode_split)
 
 
-@dataclass(frozen=True)
-class LayerConfig:
-    """One configuration of one layer of a class: tiers, placements and what it costs.
+class LayerChoice(NamedTuple):
+    """`count` layers of `layer_class` take `config`."""
 
-    Attributes:
-        weights: per unit, the tier of its weights ('none' for units without weights).
-        kv_cache: tier of the layer's KV cache ('none' for embed/head).
-        prefill_cpu_permille: per unit, the CPU's share of its output features during prefill, in permille:
-            1000 = CPU, 0 = GPU, in between a split.
-        decode_cpu_permille: per unit, during decode.
-        prefill_seconds: this layer's prefill time.
-        decode_seconds: this layer's time summed over all decode steps.
-        hbm_bytes, ddr_bytes, cxl_bytes: bytes this layer keeps in each tier (weights and KV cache).
-        staging_bytes: the most bytes it streams to the GPU in one step (Eq. 9).
-        uses_gpu: whether any unit computes on the GPU (then the class's workspace is reserved in HBM).
-    """
-
-    weights: tuple[str, ...]
-    kv_cache: str
-    prefill_cpu_permille: tuple[int, ...]
-    decode_cpu_permille: tuple[int, ...]
-    prefill_seconds: float
-    decode_seconds: float
-    hbm_bytes: int
-    ddr_bytes: int
-    cxl_bytes: int
-    staging_bytes: int
-    uses_gpu: bool
-
-    @property
-    def seconds(self) -> float:
-        return self.prefill_seconds + self.decode_seconds
-
-    def cpu_permille(self, phase: str) -> tuple[int, ...]:
-        return self.prefill_cpu_permille if phase == "prefill" else self.decode_cpu_permille
-
-    def gpu_shares(self, phase: str) -> tuple[float, ...]:
-        """Per unit, the GPU's share of its output features (what `costs.layer_seconds` takes)."""
-        return tuple(1.0 - p / 1000.0 for p in self.cpu_permille(phase))
-
-    @property
-    def splits(self) -> bool:
-        return any(0 < p < 1000 for p in self.prefill_cpu_permille + self.decode_cpu_permille)
-
-    def tier_bytes(self, tier: str) -> int:
-        return {"hbm": self.hbm_bytes, "ddr": self.ddr_bytes, "cxl": self.cxl_bytes}[tier]
-
-    @property
-    def weights_tier(self) -> str:
-        """The tier of an embed/head configuration's weights (their one unit)."""
-        return next((t for t in self.weights if t != "none"), "none")
+    layer_class: str
+    config: LayerConfig
+    count: int
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """The solver's choice: (layer class, configuration, layer count) in class order, and the shared buffers."""
+    """The solver's choice: its layer choices in class order, and the shared buffers."""
 
-    choices: tuple[tuple[str, LayerConfig, int], ...]
+    choices: tuple[LayerChoice, ...]
     staging_bytes: int  # one staging buffer; the GPU holds prefetch_depth + 1 of them
     workspace_bytes: int  # GPU activation workspace
     host_workspace_bytes: int  # DDR activation workspace
@@ -176,14 +124,6 @@ def parse_policy(policy: str | None, source: str = "--policy") -> Policy:
     return Policy(policy, POLICIES.get(prefill), POLICIES.get(decode), False, False)
 
 
-def unit_tiers(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> tuple[str, ...]:
-    """Per unit, the tier its operand lives in (what `costs.layer_seconds` takes)."""
-    out = []
-    for operand, tier in zip(cls.operands, weights):
-        out.append(tier if operand == "weights" else kv_cache if operand == "kv" else "ddr")
-    return tuple(out)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Column generation
 
@@ -218,7 +158,7 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
     Args:
         cls: the layer class.
         phase: 'prefill' or 'decode'.
-        tiers: per unit, the tier of its operand (`unit_tiers`).
+        tiers: per unit, the tier of its operand (`price.operand_tiers`).
         split_permille: the CPU shares a split may take (the CostGraph's grid).
         allowed: the policy's whole placements (1 = GPU masks), or None for any.
         split: whether units may split (then up to `max_split_units` of them at once).
@@ -245,7 +185,7 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
         rows = [row for row, ok in zip(rows, keep) if ok]
         in_policy = [ok for ok, k in zip(in_policy, keep) if k]
     if split and split_permille and max_split_units > 0:
-        can = [u for u, unit in enumerate(units) if unit.can_split and tiers[u] in ("ddr", "cxl")]
+        can = [u for u, unit in enumerate(units) if unit.can_split and tiers[u] in HOST_TIERS]
         for count in range(1, max_split_units + 1):
             for chosen in itertools.combinations(can, count):
                 options = [split_permille if u in chosen else whole[u] for u in range(len(units))]
@@ -294,16 +234,17 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
             weights[unit] = tier
         for kv in kv_choices:
             resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
-            operand_tiers = unit_tiers(cls, tuple(weights), kv)
+            operands = operand_tiers(cls, tuple(weights), kv)
             fronts = {}
             for phase in ("prefill", "decode"):
                 allowed, split = policy.allowed(phase)
-                permille, in_policy = phase_placements(cls, phase, operand_tiers, costs.split_permille, allowed,
+                permille, in_policy = phase_placements(cls, phase, operands, costs.split_permille, allowed,
                                                        split, max_split_units, resident)
                 if permille.shape[0] == 0:
                     break
-                seconds, staging, valid, chain = layer_seconds(costs, cls, phase, operand_tiers,
-                                                               1.0 - permille / 1000.0)
+                priced = layer_time(costs, cls, phase, operands, permille)
+                seconds, staging, chain = priced.seconds, priced.staging_bytes, priced.chain_seconds
+                valid = priced.valid
                 rows = np.nonzero(valid & _balanced(permille, seconds))[0]
                 if rows.size == 0:
                     break
@@ -371,7 +312,7 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
         for index, config in enumerate(configs[cls.layer_class]):
             value = solution.counts.get((cls.layer_class, index), 0)
             if value:
-                choices.append((cls.layer_class, config, value))
+                choices.append(LayerChoice(cls.layer_class, config, value))
     # Buffers: recomputed from the choices (the level only bounds them from above).
     staging_bytes = max((c.staging_bytes for _, c, _ in choices), default=0)
     workspace_bytes = max((costs.layer_class(name).workspace_bytes for name, c, _ in choices if c.uses_gpu),

@@ -31,14 +31,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from liac.passes.costs import CostGraph
-
-if TYPE_CHECKING:  # the records are only annotations here
-    from liac.passes.ilp import LayerConfig
+from liac.passes.ilp_records import LayerConfig
 
 __all__ = ["LevelSolution", "applies", "solve_level", "knapsack"]
 

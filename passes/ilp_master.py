@@ -19,7 +19,6 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pulp
@@ -27,14 +26,11 @@ import pulp
 from liac.errors import InfeasibleError, LiacError, require
 from liac.passes.costs import CostGraph
 from liac.passes.ilp_knapsack import applies, solve_level
-from liac.profile import GIB
+from liac.passes.ilp_records import LayerConfig, SolverOptions
+from liac.plan import TIERS
+from liac.sizes import GIB
 
-if TYPE_CHECKING:  # ilp.py imports this module; the records are only annotations here
-    from liac.passes.ilp import LayerConfig, SolverOptions
-
-__all__ = ["TIER_NAMES", "MasterSolution", "solve_master", "check_capacity", "make_solver"]
-
-TIER_NAMES = ("hbm", "ddr", "cxl")
+__all__ = ["MasterSolution", "solve_master", "check_capacity", "make_solver"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +41,6 @@ class MasterSolution:
     solver: str  # 'HiGHS' or 'PULP_CBC_CMD'
     gap: float  # relative gap proven by the solver
     proven: bool  # the solver proved the best level optimal
-
-
 
 
 def make_solver(options: SolverOptions, cutoff: float | None = None):
@@ -119,7 +113,7 @@ def _levels(problem, name: str, members: list[tuple[float, object, str, int]], r
 
 def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: bool = False,
            staging_level: tuple[int, int] | None = None, relax: bool = False,
-           elastic_tiers: tuple[str, ...] = TIER_NAMES, useful: set[int] | None = None):
+           elastic_tiers: tuple[str, ...] = TIERS, useful: set[int] | None = None):
     """The master problem (Eqs. 10-13).
 
     With `staging_level` = (R, S), only configurations that stream at most S bytes are offered (of the decoder's,
@@ -180,7 +174,7 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     capacity = {"hbm": budgets.hbm_bytes / GIB, "ddr": (budgets.ddr_bytes / GIB) - host_workspace,
                 "cxl": budgets.cxl_bytes / GIB}
     slack = {}
-    for tier in TIER_NAMES:  # Eq. 11
+    for tier in TIERS:  # Eq. 11
         if elastic and tier in elastic_tiers:
             slack[tier] = problem.add_variable(f"short_gib[{tier}]", lowBound=0)
             problem += pulp.lpSum(memory[tier]) - slack[tier] <= capacity[tier], f"mem_{tier}"
@@ -223,7 +217,7 @@ def _gap(problem, solver_name: str) -> float:
     return 0.0 if problem.sol_status == pulp.LpSolutionOptimal else 1.0
 
 
-def _useful_until(options: list[LayerConfig], tiers: tuple[str, ...] = TIER_NAMES, chunk: int = 256) -> np.ndarray:
+def _useful_until(options: list[LayerConfig], tiers: tuple[str, ...] = TIERS, chunk: int = 256) -> np.ndarray:
     """Per decoder configuration, the staging level from which another configuration streaming at most that much
     dominates it in (seconds, bytes per tier in `tiers`, GPU use): at a fixed level staging no longer tells
     configurations apart, so from there on it is not worth offering (inf: never). Dominance only grows with the
@@ -249,7 +243,7 @@ def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]
     host = max(cls.workspace_bytes for cls in costs.classes)
     capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
     out = []
-    for tier in TIER_NAMES:
+    for tier in TIERS:
         most = sum(cls.count * max((c.tier_bytes(tier) for c in configs[cls.layer_class]), default=0)
                    for cls in costs.classes)
         if capacity[tier] is None or most > capacity[tier]:
@@ -310,7 +304,7 @@ class _LevelBounds:
 def _multipliers(problem) -> np.ndarray:
     """λ per tier (seconds per GiB) from the duals of the capacity rows of a solved LP (0 when unavailable)."""
     out = []
-    for tier in TIER_NAMES:
+    for tier in TIERS:
         pi = problem.get_constraint_by_name(f"mem_{tier}").pi
         out.append(max(0.0, -float(pi)) if pi is not None and np.isfinite(pi) else 0.0)
     return np.array(out)
@@ -410,7 +404,7 @@ def _diagnose(costs: CostGraph, configs: dict[str, list[LayerConfig]], solver) -
     with _quiet_stdout():
         problem.solve(solver)
     least = sum(var.value() or 0.0 for var in slack.values())
-    for tier in ("hbm", "ddr", "cxl"):
+    for tier in TIERS:
         alone, _, alone_slack = _build(costs, configs, elastic=True, elastic_tiers=(tier,))
         with _quiet_stdout():
             alone.solve(solver)

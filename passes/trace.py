@@ -30,9 +30,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Mapping, Sequence
 
-from liac.ir import LAYER_CLASSES, Poly, Sublayer, SublayerGraph, TensorSpec
+import torch
+
+from liac.ir import Poly, Sublayer, SublayerGraph, TensorSpec
+from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
 from liac.passes.trace_lower import INPUT, LoweredLayer, LoweringError, lower_program
+from liac.plan import LAYER_CLASSES
 
 __all__ = ["trace_model", "trace_layer", "ClassTemplate", "TemplateEdge", "TraceError", "CORNERS", "CHECK_POINT",
            "symbolic_dim"]
@@ -158,8 +162,6 @@ def trace_layer(module, make_inputs: Callable[[int, int, int], tuple], layer_cla
     Raises:
         TraceError: when the structure changes between points or a count is not multilinear.
     """
-    import torch
-
     if layer_class not in LAYER_CLASSES:
         raise ValueError(f"layer_class must be one of {LAYER_CLASSES}, got {layer_class!r}")
     points = CORNERS + (CHECK_POINT,)
@@ -207,10 +209,6 @@ def trace_layer(module, make_inputs: Callable[[int, int, int], tuple], layer_cla
 
 
 def _class_templates(cfg: ModelConfig) -> tuple[dict[str, ClassTemplate], dict[str, str]]:
-    import torch
-
-    from liac.models import build_model
-
     dtype = getattr(torch, cfg.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise TraceError(f"model dtype must name a torch dtype, got {cfg.dtype!r}")
@@ -255,8 +253,6 @@ def _class_templates(cfg: ModelConfig) -> tuple[dict[str, ClassTemplate], dict[s
 
 @functools.lru_cache(maxsize=32)
 def _trace_cached(sha256: str, cfg_json: str) -> SublayerGraph:
-    from liac.models import SUBLAYERS
-
     cfg = ModelConfig.from_dict(json.loads(cfg_json))
     templates, tied = _class_templates(cfg)
     units = templates["decoder"].units

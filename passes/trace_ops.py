@@ -26,6 +26,9 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torch.export.graph_signature import InputKind
+
+from liac.sizes import numel
 
 __all__ = ["LoweringError", "Value", "Op", "OpGraph", "INPUT_ROLES", "OUTPUT_ROLES", "GEMM_OPS", "GATHER_OPS",
            "ROUTING_OPS", "dtype_name"]
@@ -132,13 +135,6 @@ def _shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape)
 
 
-def _numel(shape: Sequence[int]) -> int:
-    total = 1
-    for d in shape:
-        total *= d
-    return total
-
-
 def _leaf_kind(module: nn.Module) -> str:
     """OP_KINDS kind of a module lowered as one primitive, or '' when its ops are lowered one by one."""
     name = type(module).__name__
@@ -188,7 +184,6 @@ class OpGraph:
     # -- placeholders and outputs
 
     def _placeholders(self, input_roles):
-        from torch.export.graph_signature import InputKind
         specs = {spec.arg.name: spec for spec in self.ep.graph_signature.input_specs}
         users = [spec.arg.name for spec in self.ep.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
         if len(users) != len(input_roles):
@@ -203,20 +198,20 @@ class OpGraph:
                 continue
             shape = _shape(val)
             if spec.kind == InputKind.PARAMETER:
-                value = Value(node.name, shape, val.dtype, "param", storage=_numel(shape), param=spec.target)
+                value = Value(node.name, shape, val.dtype, "param", storage=numel(shape), param=spec.target)
                 self.params[spec.target] = value
             elif spec.kind == InputKind.USER_INPUT:
                 role = roles[node.name]
                 if role not in INPUT_ROLES:
                     raise ValueError(f"input role must be one of {INPUT_ROLES}, got {role!r}")
                 kind = {"data": "data", "aux": "aux"}.get(role, "kv_past")
-                value = Value(node.name, shape, val.dtype, kind, storage=_numel(shape),
+                value = Value(node.name, shape, val.dtype, kind, storage=numel(shape),
                                cache=role[0] if kind == "kv_past" else "")
                 if role == "data":
                     self.class_input = value
                     self._stream.add(id(value))
             else:  # buffers and constants: RoPE frequencies and the like
-                value = Value(node.name, shape, val.dtype, "aux", storage=_numel(shape))
+                value = Value(node.name, shape, val.dtype, "aux", storage=numel(shape))
             self.values[node.name] = value
 
     def _outputs(self, output_roles):
@@ -299,7 +294,7 @@ class OpGraph:
     def _aux(self, node, val):
         shape = _shape(val) if isinstance(val, torch.Tensor) else ()
         dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
-        self.values[node.name] = Value(node.name, shape, dtype, "aux", storage=_numel(shape))
+        self.values[node.name] = Value(node.name, shape, dtype, "aux", storage=numel(shape))
 
     @staticmethod
     def _slice(source: Value, name: str, val) -> Value:
@@ -334,7 +329,7 @@ class OpGraph:
         q, k, v = (self.values[a.name] for a in node.args[:3])
         q_shape, k_shape, v_shape = (_shape(a.meta["val"]) for a in node.args[:3])
         scores_shape = q_shape[:-1] + (k_shape[-2],)
-        count = _numel(scores_shape)
+        count = numel(scores_shape)
         scores = Value(f"{node.name}#scores", scores_shape, q.dtype, "data", storage=count)
         probs = Value(f"{node.name}#probs", scores_shape, q.dtype, "data", storage=count)
         out = self._outputs_of(node, val)[0]
@@ -348,7 +343,7 @@ class OpGraph:
     def _reads_aux_tensor(self, node) -> bool:
         for arg in _flat_nodes(node.args):
             value = self.values.get(arg.name)
-            if isinstance(value, Value) and value.kind == "aux" and _numel(value.shape) > 1:
+            if isinstance(value, Value) and value.kind == "aux" and numel(value.shape) > 1:
                 return True
         return False
 

@@ -12,10 +12,13 @@ tests use to check that activations cross PCIe exactly where the plan says.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from dataclasses import dataclass, field
 
 import torch
+
+from liac.sizes import GIB
 
 __all__ = ["Backend", "CudaBackend", "EmulatedBackend", "CpuOnlyBackend", "TransferCounts", "make_backend",
            "EMULATE_ENV", "host_available_bytes"]
@@ -263,7 +266,7 @@ class CudaBackend(Backend):
 
     def describe(self) -> str:
         props = torch.cuda.get_device_properties(self.devices["gpu"])
-        return f"{self.devices['gpu']} ({props.name}, {props.total_memory / 2**30:.0f} GiB)"
+        return f"{self.devices['gpu']} ({props.name}, {props.total_memory / GIB:.0f} GiB)"
 
 
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
@@ -284,8 +287,6 @@ def _loaded_cudart_paths() -> list[str]:
 
 def _cudart_memcpy_2d():
     """cudaMemcpy2DAsync of the libcudart torch loaded (through ctypes), or None (a static build, no CUDA)."""
-    import ctypes
-
     if not _CUDART:
         function = None
         for path in _loaded_cudart_paths():
@@ -334,8 +335,6 @@ def _row_layout(tensor: torch.Tensor) -> tuple[int, int, int] | None:
 def _clear_cuda_error() -> None:
     """Reset the CUDA runtime's last error after a failed (non-sticky) call, or torch's next kernel-launch check
     would report it. libcudart is found among the loaded libraries; a static build has nothing to reset."""
-    import ctypes
-
     for path in _loaded_cudart_paths():
         try:
             ctypes.CDLL(path).cudaGetLastError()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from liac.errors import LiacError
-from liac.plan import API_VERSION, OffloadPlan, check_semantics, load_plan
+from liac.plan import API_VERSION, HOST_TIERS, PHASES, TIERS, OffloadPlan, check_semantics, load_plan
 from liac.runtime.backend import Backend, host_available_bytes, make_backend
 from liac.runtime.executor import Executor
 from liac.runtime.hostweights import HostWeights
@@ -30,13 +31,13 @@ from liac.runtime.numa import libnuma, plan_cxl_placement, read_nodes
 from liac.runtime.schedule import Schedule, build_schedule
 from liac.runtime.staging import Streamer
 from liac.runtime.weights import (Checkpoint, Progress, RandomWeights, WeightStore, fill_random, load_checkpoint)
+from liac.sizes import GIB, numel
 
 __all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES", "check_request",
            "resolve_plan"]
 
 SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -77,19 +78,10 @@ def resolve_plan(plan: OffloadPlan | str | os.PathLike) -> tuple[OffloadPlan, st
 def _first_gpu_sublayer(plan: OffloadPlan) -> str:
     for g_index, group in enumerate(plan.spec.layer_groups):
         for s_index, sub in enumerate(group.sublayers):
-            for phase in ("prefill", "decode"):
+            for phase in PHASES:
                 if getattr(sub, phase) in ("gpu", "split"):
                     return f"spec.layer_groups[{g_index}].sublayers[{s_index}].{phase}"
     return "spec.layer_groups"
-
-
-def _workspace_bytes(plan: OffloadPlan, itemsize: int) -> int:
-    """GPU activation workspace estimate for the prefill of the whole batch (the largest pass)."""
-    cfg, work = plan.model_config, plan.spec.workload
-    tokens = work.batch_size * work.prompt_len
-    widest = max(2 * cfg.ffn_dim, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, cfg.hidden_size)
-    scores = work.batch_size * cfg.num_heads * work.prompt_len * work.prompt_len * 4  # split attention's p
-    return 4 * tokens * widest * itemsize + scores + work.batch_size * cfg.vocab_size * 4
 
 
 class Engine:
@@ -177,9 +169,9 @@ class Engine:
         for canonical, tiers in schedule.weight_tiers.items():
             for tier in tiers:
                 if in_shared[tier]:
-                    shared_bytes[tier] += aligned(_numel(shapes[canonical]) * itemsize)
+                    shared_bytes[tier] += aligned(numel(shapes[canonical]) * itemsize)
         arena_bytes = {tier: nbytes - shared_bytes[tier] for tier, nbytes in schedule.tier_bytes.items()}
-        _check_host(plan, source, backend, schedule, cxl.node is not None, itemsize, arena_bytes,
+        _check_host(plan, source, backend, schedule, cxl.node is not None, arena_bytes,
                     sum(shared_bytes.values()))
 
         memory = TierMemory.allocate(backend, arena_bytes, cxl)
@@ -312,11 +304,9 @@ class Engine:
     def memory_report(self) -> dict[str, dict[str, int | bool | None]]:
         """Per tier: bytes the plan reserves (spec.memory), what this run holds (its arenas plus the shared
         HostWeights it uses there), of which shared, the peak seen, and whether the host tiers are page-locked."""
-        import resource
-
         self._open()
         reserved = self.memory.reserved_bytes()
-        placed = {tier: self.memory.placed_in(tier) for tier in ("hbm", "ddr", "cxl")}
+        placed = {tier: self.memory.placed_in(tier) for tier in TIERS}
         shared = {"hbm": 0, "ddr": 0, "cxl": 0}
         for tier, nbytes in self.shared_bytes.items():
             shared[placed[tier]] += nbytes  # 'cxl' served from DDR counts where it really is
@@ -356,13 +346,6 @@ def check_request(plan: OffloadPlan, batch: int, prompt_len: int, max_new_tokens
                             f"(spec.workload.{field} of plan '{plan.metadata.name}'), got {value}")
 
 
-def _numel(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
 def _copy_from_shared(shared: HostWeights, store: WeightStore, own: list[tuple[str, str]],
                       progress: Progress) -> None:
     """Fill this engine's own copies ('hbm', or 'cxl' on a CXL node) from the shared host arena."""
@@ -377,7 +360,7 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
     seen, out = set(), []
     for phase in schedule.phases.values():
         for op in phase.ops:
-            if op.device not in ("cpu", "split") or op.weights not in ("ddr", "cxl") or op.kind == "embed":
+            if op.device not in ("cpu", "split") or op.weights not in HOST_TIERS or op.kind == "embed":
                 continue
             for sublayer in op.sublayers:
                 for param in schedule.params[(op.layer_class, op.layer, sublayer)]:
@@ -388,14 +371,17 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
 
 
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,
-                itemsize: int, arena_bytes: dict[str, int], shared_bytes: int) -> None:
+                arena_bytes: dict[str, int], shared_bytes: int) -> None:
     """Free GPU memory and available host RAM must cover what the plan reserves and what this run allocates
-    (`arena_bytes` per tier; `shared_bytes` of the plan's host tensors already sit in shared HostWeights)."""
+    (`arena_bytes` per tier; `shared_bytes` of the plan's host tensors already sit in shared HostWeights).
+
+    The GPU's activation workspace is the compiler's (docs/cost-model.md Eq. 14), inside `spec.memory.hbm_bytes`:
+    the runtime keeps no model of its own, so the plan's reservation is what is checked."""
     need = arena_bytes
     memory = plan.spec.memory
     gpu_need = 0
     if schedule.uses_gpu or need["hbm"]:
-        gpu_need = max(memory.hbm_bytes, need["hbm"] + aligned(_workspace_bytes(plan, itemsize)))
+        gpu_need = max(memory.hbm_bytes, need["hbm"])
     free = backend.gpu_free_bytes()
     if free is not None and gpu_need > free:
         raise LiacError(source, f"needs {gpu_need / GIB:.2f} GiB of GPU memory, {free / GIB:.2f} GiB are free on "

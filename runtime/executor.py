@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -73,8 +74,6 @@ class CpuWorker:
     thread mostly waits meanwhile)."""
 
     def __init__(self, threads: int):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.threads = threads
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liac-cpu-part",
                                        initializer=torch.set_num_threads, initargs=(threads,))

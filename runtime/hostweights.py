@@ -29,12 +29,12 @@ from liac.runtime.backend import Backend, host_available_bytes, make_backend
 from liac.runtime.memory import aligned
 from liac.runtime.schedule import model_params
 from liac.runtime.weights import Checkpoint, Progress, WeightStore, fill_random, load_checkpoint
+from liac.sizes import GIB, numel
 
 __all__ = ["HostWeights", "HOST_TIER"]
 
 HOST_TIER = "ddr"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-GIB = 2**30
 
 
 class HostWeights:
@@ -57,7 +57,7 @@ class HostWeights:
         began = time.perf_counter()
         itemsize = torch.empty((), dtype=dtype).element_size()
         shapes = {p.canonical: p.shape for params in model_params(cfg).values() for p in params}
-        total = sum(aligned(_numel(shape) * itemsize) for shape in shapes.values())
+        total = sum(aligned(numel(shape) * itemsize) for shape in shapes.values())
         available = host_available_bytes()
         if total > available:
             raise LiacError(source, f"the weights need {total / GIB:.2f} GiB of host memory, {available / GIB:.2f} "
@@ -70,7 +70,7 @@ class HostWeights:
         store = WeightStore()
         offset = 0
         for canonical in sorted(shapes):
-            nbytes = _numel(shapes[canonical]) * itemsize
+            nbytes = numel(shapes[canonical]) * itemsize
             store.add(canonical, HOST_TIER, storage[offset:offset + nbytes].view(dtype).view(shapes[canonical]))
             offset += aligned(nbytes)
         weights = cls(cfg, dtype, backend, storage, store, False, {})
@@ -148,9 +148,3 @@ class HostWeights:
         self.store = WeightStore()
         self._storage = None
 
-
-def _numel(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from liac.sizes import GIB
+
 __all__ = ["KERNELS", "CPU_LINEAR", "SMALL_M_ROWS", "KernelLinear", "BlocksLinear", "bind_kernels", "prepare_module",
            "cpu_backend", "ipex_module", "ipex_matches", "measure_cpu_linear", "choose_cpu_linear", "linear_kernel",
            "IPEX_DISTRIBUTION"]
@@ -69,7 +71,7 @@ KERNELS: dict[tuple[str, str], Callable[..., torch.Tensor]] = {
 }
 CPU_LINEAR = {"linear": _linear, "mv": _linear_mv}  # the small-M choices for ('linear', 'cpu')
 MEASURE_MIN_BYTES = 256 * 2**20  # below this the sample sits in the CPU caches: measuring would mislead
-_MEASURE_MAX_BYTES = 2 * 2**30
+_MEASURE_MAX_BYTES = 2 * GIB
 
 
 def measure_cpu_linear(weights: list[torch.Tensor], rounds: int = 3) -> dict[str, float]:
@@ -173,7 +175,7 @@ def ipex_module():
                      ".".join(torch_version.split("+")[0].split(".")[:2]))
         return None
     try:
-        import intel_extension_for_pytorch as ipex
+        import intel_extension_for_pytorch as ipex  # late import: optional, and only once it matches torch
     except Exception as e:  # any import failure means: not usable; said once
         _log.warning("liac.runtime: %s %s does not import (%s): using the stock PyTorch CPU kernels",
                      IPEX_DISTRIBUTION, ipex_version, " ".join(f"{type(e).__name__}: {e}".split()))

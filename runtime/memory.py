@@ -18,6 +18,7 @@ import torch
 from liac.errors import LiacError
 from liac.runtime.backend import Backend
 from liac.runtime.numa import CxlPlacement, numa_empty
+from liac.sizes import GIB, numel
 
 __all__ = ["ALIGN_BYTES", "HOME", "aligned", "Arena", "TierMemory", "pin_host"]
 
@@ -44,10 +45,7 @@ class Arena:
         return self.storage.numel()
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= size
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel(shape) * torch.empty((), dtype=dtype).element_size()
         start = self.used_bytes
         if start + nbytes > self.capacity_bytes:
             raise RuntimeError(f"arena '{self.tier}' overflow: {start + nbytes} > {self.capacity_bytes} bytes "
@@ -122,7 +120,7 @@ def pin_host(backend: Backend, storage: torch.Tensor, owner: object) -> bool:
 
 
 def _allocate(backend: Backend, tier: str, nbytes: int, cxl: CxlPlacement) -> torch.Tensor:
-    gib = nbytes / 2**30
+    gib = nbytes / GIB
     if tier == "hbm":
         device = backend.devices["gpu"]
         if device is None:

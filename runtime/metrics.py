@@ -10,9 +10,11 @@ import json
 
 import torch
 
-from liac.plan import OffloadPlan, write_atomic
+from liac.fileio import write_atomic
+from liac.plan import OffloadPlan
 from liac.runtime.kernels import cpu_backend
 from liac.schema_tools import stable_float
+from liac.sizes import GIB
 
 __all__ = ["build_metrics", "write_metrics", "summary_lines", "METRICS_VERSION"]
 
@@ -110,9 +112,9 @@ def summary_lines(metrics: dict) -> list[str]:
                  f"{predicted['decode_ms_per_token']:.2f} ms/token, {predicted['tokens_per_second']:.1f} tokens/s")
     for row in metrics["memory"]:
         peak = row["peak_bytes"]
-        lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / 2**30:.3f} GiB of "
-                     f"{row['planned_bytes'] / 2**30:.3f} GiB planned"
-                     + (f" ({row['shared_bytes'] / 2**30:.3f} GiB shared weights)" if row["shared_bytes"] else "")
-                     + (f", peak {peak / 2**30:.3f} GiB" if peak is not None else "")
+        lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / GIB:.3f} GiB of "
+                     f"{row['planned_bytes'] / GIB:.3f} GiB planned"
+                     + (f" ({row['shared_bytes'] / GIB:.3f} GiB shared weights)" if row["shared_bytes"] else "")
+                     + (f", peak {peak / GIB:.3f} GiB" if peak is not None else "")
                      + {True: ", pinned", False: ", pageable", None: ""}[row["pinned"]])
     return lines

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from liac.sizes import GIB
+
 __all__ = ["NumaNode", "CxlPlacement", "read_nodes", "find_cxl_node", "plan_cxl_placement", "numa_empty",
            "libnuma", "SYSFS_NODES", "NUMA_STATS"]
 
@@ -93,15 +95,15 @@ def plan_cxl_placement(nodes: list[NumaNode], cxl_bytes: int, have_libnuma: bool
         return CxlPlacement(None, "")
     node = find_cxl_node(nodes)
     if node is None:
-        return CxlPlacement(None, f"no CPU-less NUMA node on this host: {cxl_bytes / 2**30:.2f} GiB of 'cxl' tier "
+        return CxlPlacement(None, f"no CPU-less NUMA node on this host: {cxl_bytes / GIB:.2f} GiB of 'cxl' tier "
                                   f"tensors are placed in DDR")
     if not have_libnuma:
         return CxlPlacement(None, f"NUMA node {node.index} has no CPUs (CXL) but libnuma cannot be loaded: "
-                                  f"{cxl_bytes / 2**30:.2f} GiB of 'cxl' tier tensors are placed in DDR")
+                                  f"{cxl_bytes / GIB:.2f} GiB of 'cxl' tier tensors are placed in DDR")
     if node.mem_bytes < cxl_bytes:
-        return CxlPlacement(None, f"CPU-less NUMA node {node.index} holds {node.mem_bytes / 2**30:.2f} GiB, less "
-                                  f"than the {cxl_bytes / 2**30:.2f} GiB of 'cxl' tier tensors: placed in DDR")
-    return CxlPlacement(node.index, f"'cxl' tier tensors ({cxl_bytes / 2**30:.2f} GiB) are on CPU-less NUMA node "
+        return CxlPlacement(None, f"CPU-less NUMA node {node.index} holds {node.mem_bytes / GIB:.2f} GiB, less "
+                                  f"than the {cxl_bytes / GIB:.2f} GiB of 'cxl' tier tensors: placed in DDR")
+    return CxlPlacement(node.index, f"'cxl' tier tensors ({cxl_bytes / GIB:.2f} GiB) are on CPU-less NUMA node "
                                     f"{node.index}")
 
 

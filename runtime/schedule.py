@@ -22,19 +22,19 @@ output, 'h' FFN hidden, 'next' the greedy token for the following step.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from liac.errors import LiacError
-from liac.models import SUBLAYERS
+from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
-from liac.plan import OffloadPlan
+from liac.plan import HOST_TIERS, PHASES, OffloadPlan
 from liac.runtime.memory import HOME, aligned
+from liac.sizes import numel
 
-__all__ = ["PHASES", "Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo",
+__all__ = ["Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo",
            "build_schedule", "MODULE_OF", "model_params", "part_rows"]
-
-PHASES = ("prefill", "decode")
 
 # Plan sublayer → attribute of its module in liac.models (layer modules, or the model for embed / lm_head).
 MODULE_OF = {"qkv": "qkv", "attn_score": "attn", "attn_context": "attn", "out_proj": "out_proj", "fc1": "fc1",
@@ -53,7 +53,7 @@ class ParamInfo:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return numel(self.shape)
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class Piece:
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return numel(self.shape)
 
 
 @dataclass(frozen=True)
@@ -171,10 +171,6 @@ class Schedule:
 
 def model_params(cfg: ModelConfig) -> dict[tuple[str, int, str], tuple[ParamInfo, ...]]:
     """(layer class, layer, sublayer) → the parameters its module reads, from a model built on 'meta'."""
-    import torch
-
-    from liac.models import build_model
-
     with torch.device("meta"):
         model = build_model(cfg)
     canonical: dict[int, str] = {}
@@ -377,7 +373,7 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
                 flow.produce(value, targets[0])
                 flow.where[value].extend(targets[1:])
             weights = tiers[spec.sublayers[0]]
-            host_weights = weights in ("ddr", "cxl") and not gather
+            host_weights = weights in HOST_TIERS and not gather
             split = None
             if spec.device == "split":
                 split = Split(spec.cpu_features, spec.features, spec.merge_on)
@@ -421,7 +417,7 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
 
 def _gathers(group, phase: str) -> bool:
     sub = group.sublayers[0]
-    return getattr(sub, phase) == "gpu" and sub.weights in ("ddr", "cxl")
+    return getattr(sub, phase) == "gpu" and sub.weights in HOST_TIERS
 
 
 def _with_moves(op: Op, extra: tuple[Move, ...]) -> Op:
@@ -463,7 +459,7 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     work = spec.workload
     tokens = work.prompt_len + work.gen_len - 1  # the last generated token is never attended to
     kv_shape = (work.batch_size, cfg.num_kv_heads, tokens, cfg.head_dim)
-    kv_window_bytes = kv_shape[0] * kv_shape[1] * kv_shape[2] * kv_shape[3] * itemsize
+    kv_window_bytes = numel(kv_shape) * itemsize
     nbuf = spec.execution.prefetch_depth + 1  # depth 0: one buffer, copy then compute (no overlap)
     embed = [g for g in spec.layer_groups if g.layer_class == "embed"][0]
     # where a decode step's token ids must be: on the embedding's device, on the host for a host-side gather

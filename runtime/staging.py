@@ -24,6 +24,7 @@ import torch
 from liac.runtime.backend import Backend
 from liac.runtime.kvcache import KVCache
 from liac.runtime.schedule import StreamUnit
+from liac.sizes import numel
 
 __all__ = ["Streamer"]
 
@@ -54,10 +55,7 @@ class Streamer:
 
     # -- views into the buffers (the executor binds GPU modules to these once) ----------------------------------
     def view(self, slot: int, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
-        numel = 1
-        for size in shape:
-            numel *= size
-        nbytes = numel * self.itemsize
+        nbytes = numel(shape) * self.itemsize
         return self.buffers[slot][offset:offset + nbytes].view(self.dtype).view(shape)
 
     def window(self, unit: StreamUnit, which: str) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 from liac.errors import LiacError
 from liac.models import family_module
 from liac.models.config import ModelConfig, from_hf_config
+from liac.sizes import GIB, numel
 
 __all__ = ["Checkpoint", "RandomWeights", "WeightStore", "load_checkpoint", "fill_random", "Progress",
            "CHUNK_BYTES"]
@@ -64,7 +65,7 @@ class Progress:
         if percent == self.shown or (not self.tty and percent // 10 == self.shown // 10 and percent < 100):
             return
         self.shown = percent
-        line = (f"lia-run: {self.label} {percent:3d}% ({self.done / 2**30:.2f} of {self.total / 2**30:.2f} GiB, "
+        line = (f"lia-run: {self.label} {percent:3d}% ({self.done / GIB:.2f} of {self.total / GIB:.2f} GiB, "
                 f"{time.perf_counter() - self.started:.1f} s)")
         sys.stderr.write(("\r" + line + ("\n" if percent == 100 else "")) if self.tty else line + "\n")
         sys.stderr.flush()
@@ -204,7 +205,7 @@ class Checkpoint:
         return sources
 
     def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
-        from safetensors import safe_open
+        from safetensors import safe_open  # late import: the optional 'hf' extra, needed for checkpoints only
 
         entry = self.entries[name]
         handle = self._handles.get(entry.file)
@@ -228,7 +229,7 @@ def load_checkpoint(ckpt: Checkpoint, sources: dict[str, list[str]], store: Weig
         row = 0
         for part in parts:
             shape = ckpt.entries[part].shape
-            row_bytes = max(1, _numel(shape[1:]) * targets[0].element_size())
+            row_bytes = max(1, numel(shape[1:]) * targets[0].element_size())
             step = max(1, CHUNK_BYTES // row_bytes)
             for first in range(0, shape[0], step):
                 count = min(step, shape[0] - first)
@@ -239,12 +240,6 @@ def load_checkpoint(ckpt: Checkpoint, sources: dict[str, list[str]], store: Weig
             row += shape[0]
     ckpt.close()
 
-
-def _numel(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _seed(seed: int, canonical: str) -> int:

@@ -190,3 +190,13 @@ def test_plan_found_through_the_documents_plan_file(synthetic, tmp_path):
     (run,) = load_measurements([path])
     assert run.plan.metadata.name == doc["plan"]
     assert run.profile_steps == 3 and len(run.rows) == 2 + len(doc["sublayers"]) - 1  # the wait row is skipped
+
+
+def test_a_directory_of_plans_offers_its_plan_files_only(tmp_path):
+    """--plans DIR takes what liac/sweep.py calls the sweep's plan files: not index.yaml or sweeps.yaml, not a
+    writer's hidden temp file; .yml too."""
+    from liac.calibrate import _plan_files
+
+    for name in ("a.yaml", "b.yml", "index.yaml", "sweeps.yaml", ".a.yaml.123.tmp", ".hidden.yaml"):
+        (tmp_path / name).write_text("{}")
+    assert [p.name for p in _plan_files([tmp_path])] == ["a.yaml", "b.yml"]

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import liac.host as host
-from liac.api import plan_profile
 from liac.cli import main
 from liac.errors import LiacError
 from liac.host import CpuIsa, cpu_isa, isa_from_flags
+from liac.passes.price import plan_profile
 from liac.plan import load_plan
 from liac.probe import ProbeSizes
 from liac.profile import host_profile_path, load_profile, resolve_profile

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from liac.errors import LiacError
-from liac.plan import SublayerPlacement, check_semantics, load_plan, parse_plan, plan_to_yaml
+from liac.plan import SublayerPlacement, check_semantics, load_plan, parse_plan, plan_to_yaml, schema_text
 
-SPLIT_PLAN = Path(__file__).parent / "artifacts" / "fixtures" / "v2-opt-30b-h200-amx16-split.yaml"
+ROOT = Path(__file__).parents[1]
+SPLIT_PLAN = Path(__file__).parent / "fixtures" / "v2-opt-30b-h200-amx16-split.yaml"
 
 
 def _with_unit(plan, group_index: int, unit: str, **changes):
@@ -70,3 +71,7 @@ def test_permille_range_is_in_the_schema():
     del doc["spec"]["layer_groups"][1]["sublayers"][0]["prefill_cpu_permille"]
     with pytest.raises(LiacError, match="prefill_cpu_permille: required field is missing"):
         parse_plan(doc, "p.yaml")
+
+
+def test_committed_schema_is_generated_from_plan_py():
+    assert (ROOT / "liac" / "schema" / "offload-plan-v2.schema.json").read_text() == schema_text()

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from liac.errors import LiacError
-from liac.profile import GIB, load_profile, profile_names, resolve_profile
+from liac.profile import load_profile, profile_names, resolve_profile
+from liac.sizes import GIB
 
 SHIPPED = ("gnr-h100", "h200-amx16", "spr-a100", "spr-h100", "spr-h100-cxl")
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from liac.artifacts.validate import format_gib
+from liac.plan import PHASES
+from liac.sweep import plan_files
+from liac.sizes import format_gib
 
 __all__ = ["Change", "PlanDiff", "diff_plans", "layer_table", "fold_layers", "pair_sweeps"]
 
-_PHASES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def _placement_changes(a, b) -> list[Change]:
         return []
 
     def value(sub, attribute: str) -> str:
-        if attribute in _PHASES and getattr(sub, attribute) == "split":  # a split's share tells splits apart
+        if attribute in PHASES and getattr(sub, attribute) == "split":  # a split's share tells splits apart
             return f"split ({sub.cpu_permille(attribute)}‰ CPU)"
         return getattr(sub, attribute)
 
@@ -143,7 +144,7 @@ def _placement_changes(a, b) -> list[Change]:
         return per_layer
 
     out = []
-    for section, per_layer in [(f"placement {phase}", unit_moves(phase)) for phase in _PHASES] + [
+    for section, per_layer in [(f"placement {phase}", unit_moves(phase)) for phase in PHASES] + [
             ("weights", unit_moves("weights")),
             ("kv_cache", {key: (("", table_a[key][0], table_b[key][0]),) for key in table_a
                           if table_a[key][0] != table_b[key][0]})]:
@@ -195,8 +196,6 @@ def diff_plans(a, b, source_a: str = "a", source_b: str = "b") -> PlanDiff:
 
 def pair_sweeps(dir_a: Path, dir_b: Path) -> tuple[list[tuple[Path, Path]], list[Path], list[Path]]:
     """Plan files of two sweep directories paired by file name → (pairs, only in a, only in b)."""
-    from liac.artifacts.sweep import plan_files
-
     files_a = {p.name: p for p in plan_files(dir_a)}
     files_b = {p.name: p for p in plan_files(dir_b)}
     pairs = [(files_a[name], files_b[name]) for name in sorted(set(files_a) & set(files_b))]

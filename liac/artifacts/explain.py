@@ -1,12 +1,13 @@
 """Plan → why each sublayer runs where it does: prices on both devices, transfers, and the binding constraints.
 
-`liac explain` re-prices a plan from its `spec` through the compiler's library (`liac.api.plan_costs`: the same
-trace, profile and cost equations the solver used; the profile must still hash to `spec.hardware.sha256`), then:
+`liac explain` re-prices a plan from its `spec` with the compiler's pricing (`liac.passes.price.price_plan`: the
+same trace, profile and cost equations the solver used; the profile must still hash to `spec.hardware.sha256`),
+then:
 
 - per layer group, phase and unit: the unit's predicted time on the CPU and on the GPU as the plan places its
-  tensors (`liac.api.unit_prices`), the PCIe transfers each choice implies, the streaming the GPU would need;
-- the *flip test*: the layer's time (Eq. 7 of docs/cost-model.md, `liac.passes.costs.layer_seconds`) with that
-  one unit moved to the other device, everything else as planned. A positive difference is what the choice
+  tensors (`price.unit_prices`), the PCIe transfers each choice implies, the streaming the GPU would need;
+- the *flip test*: the layer's time (Eq. 7 of docs/cost-model.md, `PlanPrice.alternatives`) with that one unit
+  moved to the other device, everything else as planned. A positive difference is what the choice
   saves; a move that would be faster but was not taken is explained by memory (the bigger staging buffer it
   needs does not fit in HBM); an impossible move says which rule forbids it;
 - per tier, its use against the budget and whether it binds: HBM binds when making one more decoder layer as
@@ -19,8 +20,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from liac.artifacts.footprint import group_tier_bytes
-from liac.artifacts.validate import BUDGET_FIELD, format_gib, staging_buffers
+from liac.artifacts.validate import BUDGET_FIELD, staging_buffers
+from liac.passes.price import ddr_sharing, plan_profile, price_plan, unit_prices
+from liac.plan import PHASES
+from liac.sizes import format_gib
 
 __all__ = ["UnitExplanation", "TierPressure", "GroupInfo", "Explanation", "explain_plan", "render_text"]
 
@@ -167,7 +173,7 @@ def _split_reason(price, deltas: dict, sharing) -> str:
     """Why a split: what the layer would take with the unit wholly on each device instead, and how DDR is shared
     (docs/cost-model.md Eq. 18: the headroom DMA has beside the CPU's reads)."""
     parts = []
-    for target, name in ((0.0, "CPU"), (1.0, "GPU")):
+    for target, name in ((1000, "CPU"), (0, "GPU")):  # the CPU's permille wholly on each device
         delta = deltas.get(target)
         if delta is None:
             parts.append(f"wholly on the {name} not allowed")
@@ -187,53 +193,49 @@ def _split_reason(price, deltas: dict, sharing) -> str:
 
 def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
-    import numpy as np
-
-    from liac.api import ddr_sharing, plan_costs, unit_prices
-    from liac.passes.costs import layer_seconds
-    from liac.passes.ilp import unit_tiers
-
-    costs = plan_costs(plan, hw=hw)
-    sharing = ddr_sharing(plan, hw=hw)
-    prices = {(p.group, p.unit, p.phase): p for p in unit_prices(plan, costs=costs)}
+    profile = plan_profile(plan, hw)
+    price = price_plan(plan, hw=profile)
+    sharing = ddr_sharing(profile)
+    prices = {(p.group, p.unit, p.phase): p for p in unit_prices(price)}
     spec = plan.spec
     used_hbm = next((u.used_bytes for u in plan.status.memory if u.tier == "hbm"), 0)
     hbm_free = spec.budgets.gpu_bytes - used_hbm
     buffers = staging_buffers(max(spec.execution.prefetch_depth, 1))
     groups, units = [], []
     for group in spec.layer_groups:
-        cls = costs.layer_class(group.layer_class)
-        tiers = unit_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
+        priced = price.group(group.name)
+        cls = price.costs.layer_class(group.layer_class)
         layer = {}
-        for phase in ("prefill", "decode"):
+        for phase in PHASES:
             steps = max(cls.phase(phase).steps, 1)
-            # GPU shares (1 = GPU, 0 = CPU, in between a split); a whole unit flips to the other device, a split
-            # one to each device wholly
-            planned = np.array([1.0 - s.cpu_permille(phase) / 1000.0 for s in group.sublayers])
+            # CPU permille (1000 = CPU, 0 = GPU, in between a split); a whole unit flips to the other device, a
+            # split one to each device wholly
+            planned = np.array([s.cpu_permille(phase) for s in group.sublayers])
             rows, flips = [planned], []
-            for i, share in enumerate(planned):
-                targets = (0.0, 1.0) if 0 < share < 1 else (1.0 - share,)
+            for i, permille in enumerate(planned):
+                targets = (1000, 0) if 0 < permille < 1000 else (1000 - permille,)
                 flips.append([(len(rows) + k, target) for k, target in enumerate(targets)])
                 rows.extend(np.where(np.arange(len(planned)) == i, target, planned) for target in targets)
-            seconds, staging, valid, _ = layer_seconds(costs, cls, phase, tiers, np.vstack(rows))
+            moved = price.alternatives(group.name, phase, np.vstack(rows))
+            seconds, staging, valid = moved.seconds, moved.staging_bytes, moved.valid
             layer[phase] = float(seconds[0]) / steps
             for index, sub in enumerate(group.sublayers):
-                price = prices[(group.name, sub.name, phase)]
+                unit = prices[(group.name, sub.name, phase)]
                 operand = cls.operands[index]
-                tier = tiers[index] if operand != "none" else "none"
+                tier = priced.tiers[index] if operand != "none" else "none"
                 deltas = {target: float(seconds[row] - seconds[0]) / steps if valid[row] else None
                           for row, target in flips[index]}
-                if price.device == "split":
+                if unit.device == "split":
                     delta = min((d for d in deltas.values() if d is not None), default=None)
-                    reason = _split_reason(price, deltas, sharing)
+                    reason = _split_reason(unit, deltas, sharing)
                 else:
                     row = flips[index][0][0]
                     delta = deltas[flips[index][0][1]]
                     extra_staging = max(0.0, float(staging[row]) - spec.execution.staging_bytes) * buffers
-                    reason = _flip_reason(operand, tier, price, delta, extra_staging, hbm_free)
-                units.append(UnitExplanation(group.name, sub.name, phase, price.device, tier,
-                                             price.cpu_seconds, price.gpu_seconds, price.transfer_seconds_on_cpu,
-                                             price.transfer_seconds_on_gpu, price.stream_seconds_on_gpu, delta,
+                    reason = _flip_reason(operand, tier, unit, delta, extra_staging, hbm_free)
+                units.append(UnitExplanation(group.name, sub.name, phase, unit.device, tier,
+                                             unit.cpu_seconds, unit.gpu_seconds, unit.transfer_seconds_on_cpu,
+                                             unit.transfer_seconds_on_gpu, unit.stream_seconds_on_gpu, delta,
                                              reason))
         groups.append(GroupInfo(group.name, group.layer_class, group.first_layer, group.layer_count,
                                 group.kv_cache, layer))
@@ -265,7 +267,7 @@ def render_text(ex: Explanation) -> str:
         kv = f", KV cache in {group.kv_cache}" if group.kv_cache != "none" else ""
         lines += ["", f"group '{group.name}': {span} ({group.layer_count} layer"
                       f"{'s' if group.layer_count > 1 else ''}){kv}"]
-        for phase in ("prefill", "decode"):
+        for phase in PHASES:
             per = "per layer" if phase == "prefill" else "per layer per token step"
             lines += [f"  {phase}: {_ms(group.layer_seconds[phase])} {per}", header]
             for u in ex.units:

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
+from liac.plan import TIERS
 
 __all__ = ["DTYPE_BYTES", "TierFootprint", "unit_weight_bytes", "kv_bytes_per_layer", "kv_tokens", "tier_footprint",
            "group_tier_bytes"]
@@ -52,8 +54,6 @@ def _dtype_bytes(cfg: ModelConfig) -> int:
 def _unit_parameters(cfg: ModelConfig) -> dict[tuple[str, str], tuple[tuple[str, int], ...]]:
     """(layer class, unit) → ((canonical parameter name, numel), ...) for one layer, from a meta-built model."""
     import torch  # late import: plans can be read without torch
-
-    from liac.models import SUBLAYERS, build_model
 
     with torch.device("meta"):
         model = build_model(cfg.with_layers(1))
@@ -97,8 +97,6 @@ def tier_footprint(plan) -> dict[str, TierFootprint]:
     Returns:
         One `TierFootprint` per tier; staging buffers, activations and workspace are not included.
     """
-    from liac.plan import TIERS
-
     cfg = plan.model_config
     params = _unit_parameters(cfg)
     size = _dtype_bytes(cfg)
@@ -124,8 +122,6 @@ def tier_footprint(plan) -> dict[str, TierFootprint]:
 
 def group_tier_bytes(plan, group) -> dict[str, int]:
     """Bytes one layer of a decoder `group` of `plan` keeps per tier: its units' weights and its KV cache."""
-    from liac.plan import TIERS
-
     cfg = plan.model_config
     weights = unit_weight_bytes(cfg)
     work = plan.spec.workload

@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["index_problems", "policy_string"]
+from liac.sweep import INDEX_API_VERSION, INDEX_KIND, policy_string
 
-_KIND = "OffloadPlanIndex"
+__all__ = ["index_problems"]
+
 _FLOATS = ("prefill_seconds", "decode_seconds_per_token", "total_seconds", "tokens_per_second")
-
-
-_LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
-
-
-def policy_string(plan, phase: str) -> str:
-    """'20xGGGGGG+76xCCCCSC': per decoder group, layer count × one letter per unit (G GPU, C CPU, S split)."""
-    return "+".join(f"{g.layer_count}x" + "".join(_LETTERS[getattr(s, phase)] for s in g.sublayers)
-                    for g in plan.spec.layer_groups if g.layer_class == "decoder")
 
 
 def _expected(plan) -> dict:
@@ -56,12 +48,12 @@ def _point_problems(where: str, entry: dict, plan) -> list[tuple[str, str]]:
 def index_problems(doc, plans: dict) -> list[tuple[str, str]]:
     """Parsed index.yaml, {file name: OffloadPlan, or None when the file is invalid} → [(path, message)]."""
     if not isinstance(doc, dict):
-        return [("", "must be a YAML mapping (kind 'OffloadPlanIndex')")]
+        return [("", f"must be a YAML mapping (kind '{INDEX_KIND}')")]
     out = []
-    if doc.get("kind") != _KIND:
-        out.append(("kind", f"must be '{_KIND}', got {doc.get('kind')!r}"))
-    if doc.get("apiVersion") != "liac/v1":
-        out.append(("apiVersion", f"must be 'liac/v1', got {doc.get('apiVersion')!r}"))
+    if doc.get("kind") != INDEX_KIND:
+        out.append(("kind", f"must be '{INDEX_KIND}', got {doc.get('kind')!r}"))
+    if doc.get("apiVersion") != INDEX_API_VERSION:
+        out.append(("apiVersion", f"must be '{INDEX_API_VERSION}', got {doc.get('apiVersion')!r}"))
     points = doc.get("points")
     if not isinstance(points, list):
         return out + [("points", "must be a list of the sweep's plans")]

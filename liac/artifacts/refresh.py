@@ -20,6 +20,15 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from liac.api import compile_plans, write_plans
+from liac.artifacts.render import render_docs
+from liac.artifacts.schemadoc import render_plan_format
+from liac.errors import InfeasibleError
+from liac.fileio import write_atomic, yaml_dump
+from liac.models import resolve_model
+from liac.passes.trace import trace_model
+from liac.sweep import CATALOG_NAME, INDEX_NAME
+
 __all__ = ["MODELS", "PROFILES", "BATCHES", "PROMPT_LEN", "GEN_LEN", "SKIPPED", "SweepOutcome", "refresh_artifacts",
            "compile_sweep", "write_catalog"]
 
@@ -50,11 +59,6 @@ class SweepOutcome:
 
 def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str) -> list[SweepOutcome]:
     """All sweeps of one model (one trace, reused for every profile); runs in a worker process."""
-    from liac.api import compile_plans, write_plans
-    from liac.errors import InfeasibleError
-    from liac.models import resolve_model
-    from liac.passes.trace import trace_model
-
     graph = trace_model(resolve_model(model))
     out = []
     for profile in profiles:
@@ -88,9 +92,6 @@ def compile_sweep(model: str, profile: str, plans_dir: str | Path) -> SweepOutco
 
 def write_catalog(outcomes: list[SweepOutcome], plans_dir: Path) -> None:
     """plans/sweeps.yaml: the settings and every model × profile, with its directory or why it has none."""
-    from liac.artifacts.sweep import CATALOG_NAME
-    from liac.plan import write_atomic, yaml_dump
-
     entries = []
     for o in sorted(outcomes, key=lambda o: (MODELS.index(o.model), PROFILES.index(o.profile))):
         entry = {"model": o.model, "hardware": o.profile}
@@ -113,10 +114,6 @@ def refresh_artifacts(root: str | Path, jobs: int | None = None, models=MODELS, 
         root: the repository root (or a temporary directory shaped like it).
         jobs: worker processes (one model each at a time); default: the CPU count, at most len(models).
     """
-    from liac.artifacts.render import render_docs
-    from liac.artifacts.schemadoc import render_plan_format
-    from liac.plan import write_atomic
-
     root = Path(root)
     plans_dir, docs_dir = root / "plans", root / "docs" / "plans"
     plans_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +127,7 @@ def refresh_artifacts(root: str | Path, jobs: int | None = None, models=MODELS, 
             outcomes = [o for future in futures for o in future.result()]
     kept = {o.directory for o in outcomes if o.directory}
     for stale in plans_dir.iterdir():  # sweeps of pairs no longer compiled or no longer feasible
-        if stale.is_dir() and stale.name not in kept and (stale / "index.yaml").is_file():
+        if stale.is_dir() and stale.name not in kept and (stale / INDEX_NAME).is_file():
             shutil.rmtree(stale)
     write_catalog(outcomes, plans_dir)
     written = render_docs(plans_dir, docs_dir)

@@ -17,11 +17,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+import jinja2
 
-from liac.artifacts.index import policy_string
-from liac.artifacts.sweep import CATALOG_NAME, INDEX_NAME, plan_files
+from liac.artifacts import figures
 from liac.errors import LiacError, require
+from liac.fileio import read_yaml, write_atomic
+from liac.plan import load_plan
+from liac.sizes import GIB
+from liac.sweep import CATALOG_NAME, INDEX_NAME, plan_files, policy_string, read_index
 
 __all__ = ["template_environment", "markdown_cell", "GENERATED_MARK", "CATALOG_NAME", "PointSummary", "SweepPage",
            "summarize_point", "collect_pages", "render_docs", "find_sweeps"]
@@ -32,13 +35,11 @@ _TIER_BUDGET = {"hbm": "gpu_bytes", "ddr": "cpu_bytes", "cxl": "cxl_bytes"}
 
 def template_environment():
     """jinja2 environment over the package's templates (liac/templates/*.j2); Markdown, so no autoescape."""
-    import jinja2
-
     env = jinja2.Environment(loader=jinja2.PackageLoader("liac", "templates"), autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["cell"] = markdown_cell
-    env.filters["gib"] = lambda n: f"{n / 2**30:.1f}"
+    env.filters["gib"] = lambda n: f"{n / GIB:.1f}"
     env.filters["sig"] = lambda x: f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}"  # 1820, not 1.82e+03
     return env
 
@@ -101,8 +102,6 @@ def find_sweeps(plans_dir: Path) -> list[Path]:
 
 def collect_pages(plans_dir: Path, out_dir: Path) -> list[SweepPage]:
     """Every plan under PLANS_DIR grouped into one page per (model, hardware profile), workload-sorted."""
-    from liac.plan import load_plan
-
     groups: dict[tuple[str, str], list] = {}
     infeasible: dict[tuple[str, str], set] = {}
     for sweep in find_sweeps(plans_dir):
@@ -127,8 +126,6 @@ def collect_pages(plans_dir: Path, out_dir: Path) -> list[SweepPage]:
 
 
 def _read_index(sweep: Path) -> dict | None:
-    from liac.artifacts.sweep import read_index
-
     doc, problems = read_index(sweep)
     if problems or not isinstance(doc, dict):
         return None  # a directory of plans without a (valid) index renders without its infeasible points
@@ -139,7 +136,7 @@ def _catalog(plans_dir: Path) -> list[dict]:
     path = Path(plans_dir) / CATALOG_NAME
     if not path.is_file():
         return []
-    doc = yaml.safe_load(path.read_text())
+    doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("sweeps"), list):
         raise LiacError(str(path), "must be a mapping with a list 'sweeps'", path="sweeps")
     return doc["sweeps"]
@@ -151,9 +148,6 @@ def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
     Files in `out_dir` that an earlier run generated and this one did not (pages of removed sweeps, figures of
     changed data) are deleted, so the directory always equals a fresh render.
     """
-    from liac.artifacts import figures
-    from liac.plan import write_atomic
-
     require("matplotlib", "figures")  # before anything is written
     plans_dir, out_dir = Path(plans_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,11 +179,9 @@ def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 def _remove_stale(out_dir: Path, keep: set[Path]) -> None:
-    from liac.artifacts.figures import is_figure_name
-
     for path in out_dir.iterdir():
         if path in keep or not path.is_file():
             continue
         generated_page = path.suffix == ".md" and path.read_text().startswith(GENERATED_MARK)
-        if generated_page or is_figure_name(path.name):
+        if generated_page or figures.is_figure_name(path.name):
             path.unlink()

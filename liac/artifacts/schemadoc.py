@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from liac.artifacts.render import template_environment
+from liac.migrate import MIGRATIONS
+from liac.plan import API_VERSION, plan_json_schema
+
 __all__ = ["SchemaField", "SchemaRecord", "schema_records", "render_plan_format"]
 
 
@@ -85,9 +89,6 @@ def schema_records(schema: dict[str, Any], path: str = "") -> list[SchemaRecord]
 
 def render_plan_format() -> str:
     """The text of docs/plan-format.md for the current code."""
-    from liac.artifacts.render import template_environment
-    from liac.plan import API_VERSION, MIGRATIONS, plan_json_schema
-
     schema = plan_json_schema()
     versions = [(old, new) for old, (new, _) in sorted(MIGRATIONS.items())]
     functions = {old: function.__name__ for old, (_, function) in MIGRATIONS.items()}

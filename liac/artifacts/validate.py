@@ -1,4 +1,4 @@
-"""Plan files and sweep directories → every problem found, one line each (`liac validate`).
+"""Plan files, sweep directories and directories of sweeps → every problem found, one line each (`liac validate`).
 
 Three layers of checks, each run only when the previous one passed (a later layer needs what the earlier proves):
 
@@ -10,6 +10,9 @@ Three layers of checks, each run only when the previous one passed (a later laye
    compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals); and a warning
    when the shipped hardware profile the plan names has changed since it was compiled.
 
+A sweep directory (liac/sweep.py) is checked plan by plan and its `index.yaml` against the plans it lists
+(`index.index_problems`); a directory of sweeps, sweep by sweep and its `sweeps.yaml` catalog against them.
+
 A finding prints as `<file>: <yaml path>: <message>`, the same shape as `LiacError`.
 """
 
@@ -20,14 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from liac.artifacts import footprint
+from liac.artifacts.index import index_problems
 from liac.artifacts.schema_check import schema_problems
 from liac.errors import LiacError
+from liac.fileio import read_yaml
+from liac.migrate import MIGRATIONS, migrate_document
+from liac.plan import API_VERSION, OffloadPlan, check_semantics
+from liac.profile import profile_names, resolve_profile
+from liac.schema_tools import from_data
+from liac.sizes import format_gib
+from liac.sweep import CATALOG_NAME, INDEX_NAME, plan_files, read_index
 
-__all__ = ["Finding", "validate_document", "validate_plan_file", "validate_path", "format_gib", "BUDGET_FIELD",
-           "staging_buffers"]
+__all__ = ["Finding", "validate_document", "validate_plan_file", "validate_sweep", "validate_catalog",
+           "validate_path", "BUDGET_FIELD", "staging_buffers"]
 
 # Budget field of each tier (spec.budgets) and its reservation (spec.memory).
 BUDGET_FIELD = {"hbm": "gpu_bytes", "ddr": "cpu_bytes", "cxl": "cxl_bytes"}
@@ -49,13 +58,6 @@ class Finding:
         return prefix + ": ".join(parts + [self.message])
 
 
-def format_gib(num_bytes: float) -> str:
-    """Bytes as GiB with one decimal ('23.8 GiB'), or MiB below one GiB."""
-    if abs(num_bytes) < 2**30:
-        return f"{num_bytes / 2**20:.1f} MiB"
-    return f"{num_bytes / 2**30:.1f} GiB"
-
-
 def staging_buffers(prefetch_depth: int) -> int:
     """Staging buffers on the GPU: the one being computed from plus `prefetch_depth` being filled (0: none)."""
     return prefetch_depth + 1 if prefetch_depth > 0 else 0
@@ -67,9 +69,6 @@ def _close(a: float, b: float) -> bool:
 
 def validate_document(doc: Any, source: str):
     """Parsed YAML → (OffloadPlan or None, findings). The plan is returned only when it passed layers 1 and 2."""
-    from liac.plan import API_VERSION, MIGRATIONS, OffloadPlan, check_semantics
-    from liac.schema_tools import from_data
-
     if not isinstance(doc, dict):
         return None, [Finding(source, "", "must be a YAML mapping with apiVersion, kind, metadata, spec, status")]
     known = sorted({API_VERSION, *MIGRATIONS})
@@ -77,9 +76,8 @@ def validate_document(doc: Any, source: str):
         return None, [Finding(source, "apiVersion", f"unsupported value {doc.get('apiVersion')!r}: must be one of "
                               + ", ".join(f"'{v}'" for v in known))]
     if doc["apiVersion"] != API_VERSION:
-        from liac.plan import _migrate  # the loader's own chain, so validate and load cannot disagree
-        try:
-            doc = _migrate(doc, source)
+        try:  # the loader's own chain, so validate and load cannot disagree
+            doc = migrate_document(doc, source)
         except LiacError as e:
             return None, [Finding(source, e.path, e.message)]
     problems = schema_problems(OffloadPlan, doc)
@@ -100,8 +98,6 @@ def plan_problems(plan) -> list[tuple[str, str, str]]:
 
 def _profile_warnings(plan) -> list[tuple[str, str, str]]:
     """A plan naming a shipped profile that has changed since: still runnable, but its predictions are stale."""
-    from liac.profile import profile_names, resolve_profile
-
     name = plan.spec.hardware.profile
     if name not in profile_names():
         return []  # a user's own profile file: nothing to compare with
@@ -195,30 +191,84 @@ def validate_plan_file(path: str | Path):
     """Read one plan file → (OffloadPlan or None, findings)."""
     source = str(path)
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        return None, [Finding(source, "", f"cannot read: {getattr(e, 'strerror', None) or e}")]
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        return None, [Finding(source, "", f"not valid YAML: {' '.join(str(e).split())}")]
+        doc = read_yaml(path, source)
+    except LiacError as e:
+        return None, [Finding(source, "", e.message)]
     return validate_document(doc, source)
+
+
+def validate_sweep(directory: Path):
+    """A sweep directory → (sources checked, findings): each plan, and index.yaml against the plans."""
+    checked, findings, plans = [], [], {}
+    files = plan_files(directory)
+    if not files:
+        return [str(directory)], [Finding(str(directory), "", "holds no plan files (*.yaml)")]
+    for path in files:
+        plan, found = validate_plan_file(path)
+        checked.append(str(path))
+        findings.extend(found)
+        plans[path.name] = plan
+    index_source = str(directory / INDEX_NAME)
+    doc, problems = read_index(directory)
+    checked.append(index_source)
+    if problems:
+        findings += [Finding(index_source if path else str(directory), path, message) for path, message in problems]
+    else:
+        findings += [Finding(index_source, path, message) for path, message in index_problems(doc, plans)]
+    return checked, findings
+
+
+def validate_catalog(directory: Path):
+    """A directory of sweeps (like plans/) → (sources checked, findings): every sweep in it, and its sweeps.yaml
+    when present (each entry names a model and hardware and either an existing sweep directory or a reason)."""
+    checked, findings = [], []
+    sweeps = [d for d in sorted(directory.iterdir()) if d.is_dir() and plan_files(d)]
+    for sweep in sweeps:
+        done, found = validate_sweep(sweep)
+        checked += done
+        findings += found
+    path = directory / CATALOG_NAME
+    if not path.is_file():
+        return checked, findings
+    checked.append(str(path))
+    try:
+        doc = read_yaml(path)
+    except LiacError as e:
+        return checked, findings + [Finding(str(path), "", e.message)]
+    if not isinstance(doc, dict) or not isinstance(doc.get("sweeps"), list):
+        return checked, findings + [Finding(str(path), "sweeps", "must be a list of {model, hardware, directory "
+                                                                 "or reason}")]
+    listed = set()
+    for index, entry in enumerate(doc["sweeps"]):
+        where = f"sweeps[{index}]"
+        if not isinstance(entry, dict) or not {"model", "hardware"} <= set(entry) \
+                or ("directory" in entry) == ("reason" in entry):
+            findings.append(Finding(str(path), where, "must name 'model' and 'hardware', and either 'directory' or "
+                                                      "'reason'"))
+            continue
+        if "directory" in entry:
+            listed.add(entry["directory"])
+            if not (directory / str(entry["directory"]) / INDEX_NAME).is_file():
+                findings.append(Finding(str(path), f"{where}.directory", f"'{entry['directory']}' must be a sweep "
+                                                                         f"directory beside {CATALOG_NAME}"))
+    for sweep in sweeps:
+        if sweep.name not in listed:
+            findings.append(Finding(str(path), "sweeps", f"must list every sweep directory: '{sweep.name}' is "
+                                                         "missing"))
+    return checked, findings
 
 
 def validate_path(path: str | Path) -> tuple[list[str], list[Finding]]:
     """A plan file, a sweep directory (or its index.yaml), or a directory of sweeps (or its sweeps.yaml) →
     (sources checked, findings)."""
-    from liac.artifacts import sweep
-
     path = Path(path)
-    if path.name == sweep.INDEX_NAME and path.is_file():
-        return sweep.validate_sweep(path.parent)
-    if path.name == sweep.CATALOG_NAME and path.is_file():
-        return sweep.validate_catalog(path.parent)
-    if path.is_dir() and not sweep.plan_files(path) and any(sweep.plan_files(d) for d in path.iterdir()
-                                                            if d.is_dir()):
-        return sweep.validate_catalog(path)
+    if path.name == INDEX_NAME and path.is_file():
+        return validate_sweep(path.parent)
+    if path.name == CATALOG_NAME and path.is_file():
+        return validate_catalog(path.parent)
+    if path.is_dir() and not plan_files(path) and any(plan_files(d) for d in path.iterdir() if d.is_dir()):
+        return validate_catalog(path)
     if path.is_dir():
-        return sweep.validate_sweep(path)
+        return validate_sweep(path)
     _, findings = validate_plan_file(path)
     return [str(path)], findings

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from liac.commands.flags import positive_int
 from liac.errors import LiacError
+from liac.fileio import write_atomic
+from liac.profile import resolve_profile
 
 __all__ = ["register", "run"]
 
@@ -35,10 +38,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    # late import: calibration re-prices plans (numpy, the cost model); `liac --help` loads none of it
     from liac.calibrate import calibrate, load_measurements, profile_yaml, report_data, report_lines
-    from liac.commands.inspect import positive_int
-    from liac.plan import write_atomic
-    from liac.profile import resolve_profile
 
     profile_steps = positive_int(args.profile_steps, "--profile-steps")
     max_evals = positive_int(args.max_evals, "--max-evals")

@@ -13,10 +13,16 @@ from __future__ import annotations
 import json
 import sys
 
+from liac.commands.flags import parse_batches, parse_bytes
 from liac.errors import EXIT_INFEASIBLE, InfeasibleError
+from liac.host import host_profile
+from liac.models import resolve_model
 from liac.plan import OBJECTIVES
 from liac.profile import HOST_PROFILE
 from liac.progress import progress_bar
+from liac.schema_tools import to_data
+from liac.sizes import GIB
+from liac.sweep import INDEX_NAME, policy_string
 
 __all__ = ["register", "run", "summary_table"]
 
@@ -56,16 +62,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.api import compile_plans, parse_batches, parse_bytes, write_plans
-    from liac.models import resolve_model
+    from liac.api import compile_plans, write_plans  # late import: the compiler loads numpy and pulp
 
     sizes = {name: parse_bytes(value, f"--{name.replace('_', '-')}") if value is not None else None
              for name, value in (("gpu_mem", args.gpu_mem), ("cpu_mem", args.cpu_mem), ("cxl_mem", args.cxl_mem))}
     batches = parse_batches(args.batch)
     cfg = resolve_model(args.model)  # before a first-use probe: a mistyped model answers at once
     if args.hw in (None, HOST_PROFILE):
-        from liac.host import host_profile
-
         hw = host_profile(say=lambda text: sys.stderr.write(f"liac compile: {text}\n"))
     else:
         hw = args.hw
@@ -86,14 +89,13 @@ def run(args) -> int:
         return EXIT_INFEASIBLE
     written = write_plans(result, args.output)
     human.write(summary_table(result))
-    where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + index.yaml)"
+    where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + {INDEX_NAME})"
     human.write(f"wrote {where}\n")
     if result.infeasible:
         sys.stderr.write(f"liac compile: {len(result.infeasible)} of {len(batches)} points infeasible (batch "
                          + ", ".join(str(b) for b, _ in result.infeasible) + "); the feasible ones are written\n")
     if args.json:
-        from liac.schema_tools import to_data  # floats as index.yaml has them (6 significant digits)
-
+        # floats as index.yaml has them (6 significant digits)
         doc = {key: value for key, value in to_data(result.index()).items() if key not in ("apiVersion", "kind")}
         _print_json(dict(doc, written=[str(path) for path in written]))
     return EXIT_INFEASIBLE if result.infeasible else 0
@@ -104,13 +106,11 @@ def _print_json(doc: dict) -> None:
 
 
 def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.1f}"
+    return f"{num_bytes / GIB:.1f}"
 
 
 def summary_table(result) -> str:
     """One row per point: batch, placements per phase, predicted seconds, tokens/s, GiB per tier."""
-    from liac.api import policy_summary
-
     header = ("batch", "prefill policy", "decode policy", "prefill s", "decode s/tok", "tokens/s", "HBM GiB",
               "DDR GiB", "CXL GiB")
     rows = []
@@ -118,8 +118,8 @@ def summary_table(result) -> str:
         plan = point.plan
         predicted = plan.status.predicted
         memory = {u.tier: u.used_bytes for u in plan.status.memory}
-        rows.append((str(plan.spec.workload.batch_size), policy_summary(plan, "prefill"),
-                     policy_summary(plan, "decode"), f"{predicted.prefill_seconds:.3g}",
+        rows.append((str(plan.spec.workload.batch_size), policy_string(plan, "prefill"),
+                     policy_string(plan, "decode"), f"{predicted.prefill_seconds:.3g}",
                      f"{predicted.decode_seconds_per_token:.3g}", f"{predicted.tokens_per_second:.3g}",
                      _gib(memory["hbm"]), _gib(memory["ddr"]), _gib(memory["cxl"])))
     for batch, reason in result.infeasible:

@@ -12,6 +12,11 @@ Everything is written under `-o DIR` (default: a new temporary directory, printe
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
+
+from liac.commands.compile import summary_table
+from liac.commands.flags import parse_batches, parse_bytes
 
 __all__ = ["register", "run"]
 
@@ -28,13 +33,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import tempfile
-    from pathlib import Path
-
+    # late import: the compiler loads numpy and pulp, the runtime torch; `liac --help` needs neither
     import torch
 
-    from liac.api import compile_plans, parse_batches, parse_bytes, write_plans
-    from liac.commands.compile import summary_table
+    from liac.api import compile_plans, write_plans
     from liac.runtime.cli import main as lia_run
 
     out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="liac-demo-"))

@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
+from liac.artifacts.diff import diff_plans, pair_sweeps
 from liac.errors import EXIT_NEGATIVE, LiacError
+from liac.plan import load_plan
 
 __all__ = ["register", "run", "render_text"]
 
@@ -28,9 +30,6 @@ def register(sub) -> None:
 
 
 def _diffs(a: Path, b: Path):
-    from liac.artifacts.diff import diff_plans, pair_sweeps
-    from liac.plan import load_plan
-
     if a.is_dir() != b.is_dir():
         raise LiacError("diff", f"must compare two plan files or two sweep directories, got '{a}' and '{b}'")
     if not a.is_dir():

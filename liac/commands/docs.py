@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from liac.errors import LiacError
+from liac.fileio import write_atomic
 
 __all__ = ["register", "run"]
 
@@ -30,15 +31,14 @@ def run(args) -> int:
         raise LiacError("docs", "PLANS_DIR (with -o OUT) or --plan-format FILE is required")
     if args.plans_dir and not args.out:
         raise LiacError("docs", "-o OUT is required with PLANS_DIR")
-    if args.plan_format:
-        from liac.artifacts.schemadoc import render_plan_format
-        from liac.plan import write_atomic
+    # late import: the pages need jinja2 and, for figures, matplotlib; `liac --help` loads neither
+    from liac.artifacts.render import render_docs
+    from liac.artifacts.schemadoc import render_plan_format
 
+    if args.plan_format:
         write_atomic(args.plan_format, render_plan_format())
         sys.stdout.write(f"wrote {args.plan_format}\n")
     if args.plans_dir:
-        from liac.artifacts.render import render_docs
-
         written = render_docs(args.plans_dir, args.out)
         pages = [p for p in written if p.suffix == ".md"]
         sys.stdout.write(f"wrote {len(pages)} pages and {len(written) - len(pages)} figures to {args.out}\n")

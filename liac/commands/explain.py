@@ -1,12 +1,14 @@
 """`liac explain PLAN`: where each sublayer runs and why (prices on both devices, transfers, binding memory).
 
-Re-prices the plan from its spec through the compiler's library (liac.api); see liac/artifacts/explain.py.
+Re-prices the plan from its spec with the compiler's pricing (liac/passes/price.py); see liac/artifacts/explain.py.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+from liac.plan import load_plan
 
 __all__ = ["register", "run"]
 
@@ -25,8 +27,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.artifacts.explain import explain_plan, render_text
-    from liac.plan import load_plan
+    from liac.artifacts.explain import explain_plan, render_text  # late import: pricing loads numpy and the tracer
 
     explanation = explain_plan(load_plan(args.plan), source=args.plan, hw=args.hw)
     if args.format == "json":

@@ -13,9 +13,13 @@ import json
 import sys
 from typing import Any
 
+from liac.commands.flags import positive_int
 from liac.errors import LiacError
+from liac.models import resolve_model
+from liac.plan import LAYER_CLASSES
+from liac.sizes import numel
 
-__all__ = ["register", "run", "positive_int", "inspect_data", "render_table"]
+__all__ = ["register", "run", "inspect_data", "render_table"]
 
 FORMATS = ("table", "json")
 _MB = 1e6
@@ -35,29 +39,16 @@ def register(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def positive_int(text: str, flag: str) -> int:
-    """'8' → 8; anything but a positive integer raises LiacError naming the flag."""
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise LiacError(flag, f"must be a positive integer, got '{text}'") from None
-    if value < 1:
-        raise LiacError(flag, f"must be a positive integer, got '{text}'")
-    return value
-
-
 def run(args) -> int:
     batch = positive_int(args.batch, "--batch")
     prompt_len = positive_int(args.prompt_len, "--prompt-len")
     if args.format not in FORMATS:
         raise LiacError("--format", f"unsupported value '{args.format}': must be one of 'table', 'json'")
-    from liac.models import resolve_model  # no torch yet: a mistyped name answers at once
-
-    cfg = resolve_model(args.model)
+    cfg = resolve_model(args.model)  # no torch yet: a mistyped name answers at once
     if prompt_len >= cfg.max_position:
         raise LiacError("--prompt-len", f"must be less than {cfg.max_position} (max_position of '{cfg.name}', "
                                         f"which the first decode step would reach), got {prompt_len}")
-    from liac.passes.trace import trace_model
+    from liac.passes.trace import trace_model  # late import: tracing loads torch
 
     data = inspect_data(trace_model(cfg), batch, prompt_len)
     if args.format == "json":
@@ -81,7 +72,7 @@ def _phase(sub, point: tuple[int, int, int]) -> dict[str, Any]:
 
 def inspect_data(graph, batch: int, prompt_len: int) -> dict[str, Any]:
     """Plain data for the table and the JSON: model header, workload points, one row per sublayer, totals."""
-    from liac.ir import LAYER_CLASSES, phase_point
+    from liac.ir import phase_point  # late import: the IR loads networkx, which `liac --help` does not need
 
     cfg = graph.graph["model"]
     counts = graph.graph["layer_counts"]
@@ -100,7 +91,7 @@ def inspect_data(graph, batch: int, prompt_len: int) -> dict[str, Any]:
                 totals[phase]["flops"] += count * row[phase]["flops"]
                 totals[phase]["bytes"] += count * row[phase]["bytes"]
             totals["weight_bytes"] += count * sub.weight_bytes
-            params += count * sum(_numel(w.shape) for w in sub.weights)
+            params += count * sum(numel(w.shape) for w in sub.weights)
             rows.append(row)
     for phase in points:
         moved = totals[phase]["bytes"]
@@ -113,13 +104,6 @@ def inspect_data(graph, batch: int, prompt_len: int) -> dict[str, Any]:
     return {"model": model, "workload": {"batch_size": batch, "prompt_len": prompt_len},
             "points": {phase: list(point) for phase, point in points.items()}, "sublayers": rows,
             "totals": totals}
-
-
-def _numel(shape) -> int:
-    total = 1
-    for d in shape:
-        total *= d
-    return total
 
 
 # ---------------------------------------------------------------------------------------------------------------

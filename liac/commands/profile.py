@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from liac import host
 from liac.errors import LiacError
-from liac.host import DEFAULT_BASE
+from liac.profile import host_profile_path, resolve_profile
 
 __all__ = ["register", "run"]
 
@@ -24,8 +25,8 @@ def register(sub) -> None:
     parser.add_argument("-o", "--output", help="profile file to write (YAML; default: this host's profile in the "
                                                "user's cache directory, what 'liac compile' uses without --hw)")
     parser.add_argument("--name", help="profile name (default: the output file's stem; 'host' without -o)")
-    parser.add_argument("--base", default=DEFAULT_BASE,
-                        help=f"profile supplying what cannot be measured here (default: {DEFAULT_BASE})")
+    parser.add_argument("--base", default=host.DEFAULT_BASE,
+                        help=f"profile supplying what cannot be measured here (default: {host.DEFAULT_BASE})")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (seconds; caches inflate the numbers): for a first look and tests")
     parser.add_argument("--no-gpu", action="store_true", help="skip GPU and PCIe measurements even with CUDA")
@@ -33,24 +34,22 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.host import cpu_isa, measure_profile, write_profile
-    from liac.probe import ProbeSizes
-    from liac.profile import host_profile_path, resolve_profile
+    from liac.probe import ProbeSizes  # late import: measuring loads torch; `liac --help` does not
 
     base = resolve_profile(args.base, source="--base")
     out = Path(args.output) if args.output else host_profile_path()
     if out.suffix not in (".yaml", ".yml"):
         raise LiacError("--output", f"must end in '.yaml' or '.yml', got '{args.output}'")
-    isa = cpu_isa()
+    isa = host.cpu_isa()
     if not isa.has_amx:
         sys.stderr.write(f"liac profile: warning: this CPU has no AMX (widest bf16 ISA: {isa.name}, from "
                          f"{isa.source}): its bf16 GEMMs run several times slower than on a Xeon with AMX "
                          f"(Sapphire Rapids or later), and the profile's 'cpu_amx_bf16_tflops' holds this "
                          f"{isa.name} rate\n")
     sizes = ProbeSizes.quick() if args.quick else ProbeSizes.full()
-    profile = measure_profile(sizes, base, name=args.name or out.stem, use_gpu=not args.no_gpu, quick=args.quick)
+    profile = host.measure_profile(sizes, base, name=args.name or out.stem, use_gpu=not args.no_gpu, quick=args.quick)
     try:
-        write_profile(profile, out)
+        host.write_profile(profile, out)
     except OSError as e:
         raise LiacError(str(out), f"cannot write: {e.strerror or e}") from e
     curve = ", ".join(f"M={p.m}: {p.tflops:.2f}" for p in profile.cpu_amx_bf16_tflops)

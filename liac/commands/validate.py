@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from liac.artifacts.validate import validate_path
 from liac.errors import EXIT_NEGATIVE
 
 __all__ = ["register", "run"]
@@ -28,8 +29,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.artifacts.validate import validate_path
-
     failed = False
     for path in args.paths:
         checked, findings = validate_path(path)

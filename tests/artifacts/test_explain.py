@@ -7,15 +7,18 @@ import dataclasses
 import json
 
 import pytest
+import yaml
 
 from liac.api import compile_plans, write_plans
 from liac.artifacts.explain import explain_plan
-from liac.artifacts.validate import format_gib
 from liac.cli import main
 from liac.models import ZOO
+from liac.passes.price import price_plan, unit_prices
 from liac.passes.trace import trace_model
+from liac.plan import parse_plan, plan_to_yaml
+from liac.profile import resolve_profile
+from liac.sizes import GIB, format_gib
 
-GIB = 2**30
 MODEL = "opt-1.3b"  # 24 layers of 2048: small enough to compile in seconds, big enough to offload
 
 
@@ -132,3 +135,29 @@ def test_cli_text_json_and_changed_profile(compiled, capsys, tmp_path):
     assert err == ("liac explain: spec.hardware.sha256: profile 'spr-h100' has changed since the plan was compiled "
                    "(sha256 differs): pass the profile file it was compiled with\n")
     assert main(["explain", "--hw", "spr-h100", str(stale)]) == 0
+
+
+@pytest.mark.parametrize("model, profile, gpu_gib, headroom", [
+    ("opt-30b", "h200-amx16", 24, "35 GB/s of headroom"), ("opt-175b", "spr-h100", None, "50 GB/s of headroom"),
+    ("opt-175b", "spr-h100 saturated", None, "the CPU alone saturates DDR (210 of 210 GB/s)"),
+])
+def test_a_split_plan_explains_why_it_splits(model, profile, gpu_gib, headroom):
+    """A compiled split plan (batch 1), read back through YAML as liac explain reads it: its split units' price is
+    the slower part of the split plus the sync, and explain weighs both whole alternatives and says why the split
+    pays: the DDR headroom PCIe has beside the CPU's reads (Eq. 18), or, where the CPU alone saturates DDR
+    (spr-h100 with ddr_shared = the CPU's rate), that PCIe reads DDR only while the CPU does not."""
+    hw = resolve_profile(profile.split()[0])
+    if profile.endswith("saturated"):
+        hw = dataclasses.replace(hw, ddr_shared_gb_per_s=hw.cpu_ddr_read_gb_per_s)
+    result = compile_plans(model, hw, batches=(1,), gpu_mem=None if gpu_gib is None else gpu_gib * GIB)
+    (point,) = result.points
+    plan = parse_plan(yaml.safe_load(plan_to_yaml(point.plan)), "plan")
+    price = price_plan(plan, hw=hw)
+    assert price.total_seconds == pytest.approx(plan.status.predicted.total_seconds, rel=1e-5)
+    prices = [p for p in unit_prices(price) if p.device == "split"]
+    assert prices and all(0 < p.cpu_permille < 1000 and p.split_seconds > hw.split_sync_seconds for p in prices)
+    explained = [u for u in explain_plan(plan, hw=hw).units if u.device == "split"]
+    assert len(explained) == len(prices)
+    for u in explained:
+        assert u.reason.startswith("split, ") and "wholly on the CPU" in u.reason and "wholly on the GPU" in u.reason
+        assert headroom in u.reason and "sync 50 µs" in u.reason

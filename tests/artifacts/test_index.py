@@ -13,7 +13,7 @@ BATCHES = (1, 4, 16)
 
 
 def _sweep(tmp_path):
-    points = tuple(CompiledPoint(make_plan(batch=b, seconds_scale=b**0.5), None, None, None) for b in BATCHES)
+    points = tuple(CompiledPoint(make_plan(batch=b, seconds_scale=b**0.5), None, None) for b in BATCHES)
     out = tmp_path / "sweep"
     write_plans(CompileResult(points, ((64, "hbm: short by 3.0 GiB"),), "tiny-opt", "test-hw", "latency",
                               "optimal"), out)

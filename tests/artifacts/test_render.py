@@ -9,10 +9,10 @@ import yaml
 from artifact_plans import TINY_LLAMA, TINY_OPT, make_plan
 
 from liac.artifacts.figures import latency_data, placement_data
-from liac.artifacts.index import policy_string
 from liac.artifacts.render import collect_pages
 from liac.cli import main
 from liac.plan import plan_to_yaml
+from liac.sweep import policy_string
 
 BATCHES = (1, 4, 16)
 

@@ -7,7 +7,8 @@ import typing
 from pathlib import Path
 
 from liac.artifacts.schemadoc import render_plan_format
-from liac.plan import MIGRATIONS, OffloadPlan
+from liac.migrate import MIGRATIONS
+from liac.plan import OffloadPlan
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "plan-format.md"
 
@@ -50,4 +51,4 @@ def test_every_field_type_enum_and_description_is_documented():
 def test_versioning_section_lists_every_migration():
     text = render_plan_format()
     for old, (new, function) in MIGRATIONS.items():
-        assert f"| `{old}` | `liac.artifacts.migrate.{function.__name__}` | `{new}` |" in text
+        assert f"| `{old}` | `liac.migrate.{function.__name__}` | `{new}` |" in text

@@ -7,6 +7,12 @@ qkv into attention carries q. The graphs let the cost model be checked against h
 the tracer.
 """
 from liac.ir import Poly, Sublayer, SublayerGraph, TensorSpec, WeightTensor
+from liac.models.config import ModelConfig
+
+# A two-layer OPT small enough to price by hand (D = 64, F = 256, 4 heads, vocabulary 100).
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+                   head_dim=16, ffn_dim=256, vocab_size=100, max_position=64, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
 
 
 def P(**terms):
@@ -17,7 +23,7 @@ def P(**terms):
     return Poly.of(out)
 
 
-__all__ = ["P", "hand_graph"]
+__all__ = ["P", "TINY", "hand_graph"]
 
 
 def hand_graph(cfg, layers=None):

@@ -14,7 +14,8 @@ import liac.passes.ilp_master as ilp_master
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
 from liac.passes.ilp import SolverOptions, solve_placement
-from liac.profile import GIB, resolve_profile
+from liac.profile import resolve_profile
+from liac.sizes import GIB
 
 
 def enumerate_best(sizes, seconds, layers, capacity):

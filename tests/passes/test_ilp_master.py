@@ -18,7 +18,8 @@ from liac.models import ZOO
 from liac.passes import ilp_master
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
 from liac.passes.ilp import SolverOptions, layer_configs
-from liac.profile import GIB, resolve_profile
+from liac.profile import resolve_profile
+from liac.sizes import GIB
 
 
 def _configs(costs):

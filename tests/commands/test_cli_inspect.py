@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 from liac.cli import main
-from liac.commands.inspect import positive_int
-from liac.errors import LiacError
 
 
 def run_cli(capsys, *argv):
@@ -105,13 +103,6 @@ def test_bad_config_json(tmp_path, capsys, text, words):
     code, out, err = run_cli(capsys, "--model", str(path))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith(f"liac inspect: {path}") and words in err, err
-
-
-def test_positive_int():
-    assert positive_int(" 8 ", "--batch") == 8
-    for text in ("0", "-1", "1.5", "", "eight"):
-        with pytest.raises(LiacError, match="must be a positive integer"):
-            positive_int(text, "--batch")
 
 
 def test_console_script_prints_one_line_and_exits_2():

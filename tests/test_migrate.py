@@ -19,12 +19,12 @@ from artifact_plans import TINY_LLAMA, TINY_OPT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liac.artifacts.migrate import MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1
+from liac.migrate import MIGRATIONS, MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1
 from liac.cli import main
 from liac.errors import LiacError
 from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
-from liac.plan import (API_VERSION, DEVICES, MIGRATIONS, SPLIT_UNITS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
+from liac.plan import (API_VERSION, DEVICES, SPLIT_UNITS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
                        Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
                        SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, check_semantics, load_plan,
                        parse_plan, plan_to_yaml)

@@ -4,11 +4,13 @@ Each incompatible change to the plan format bumps `apiVersion` and adds one func
 
     def migrate_<old>_to_<new>(doc: dict) -> dict
 
-pure (no I/O, the input is not mutated), registered in `liac.plan.MIGRATIONS[old] = (new, function)`. The loader
-applies them in a chain (v1alpha1 → v1 → v2 ...) before validating, so every document ever written keeps loading.
+pure (no I/O, the input is not mutated), registered below in `MIGRATIONS[old] = (new, function)`. The plan loader
+(`liac.plan.parse_plan`) and `liac validate` apply them in a chain (v1alpha1 → v1 → v2 ...) with `migrate_document`
+before validating, so every document ever written keeps loading. This module sits beside the schema it migrates
+(liac/plan.py, whose `API_VERSION` is the newest version here) and imports only `liac.errors`.
 A migration encodes the format *as it was*: it must not read today's tables (unit names, enums) that a later change
 could alter, so the tables it needs are frozen copies below. docs/plan-format.md ("Versioning") has the procedure;
-tests/artifacts/test_migrate.py loads a kept fixture of every old version.
+tests/test_migrate.py loads a kept fixture of every old version.
 
 Versions:
     liac/v1alpha1  placement as per-phase maps ({prefill: {qkv: gpu, ...}, decode: {...}}) plus a `weights` map
@@ -21,13 +23,17 @@ Versions:
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "V1ALPHA1", "V1", "V2"]
+from liac.errors import LiacError
+
+__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "V1ALPHA1", "V1", "V2", "LATEST",
+           "MIGRATIONS", "migrate_document"]
 
 V1ALPHA1 = "liac/v1alpha1"
 V1 = "liac/v1"
 V2 = "liac/v2"
+LATEST = V2  # what liac writes (liac.plan.API_VERSION)
 
 # Units of one layer in execution order as of liac/v1 (frozen copy of liac.models.SUBLAYERS at that version).
 _V1_UNITS = {
@@ -158,3 +164,31 @@ def migrate_v1_to_v2(doc: dict) -> dict:
                                          "'cpu', 'gpu'")
                 sub[f"{phase}_cpu_permille"] = _V1_PERMILLE[device]
     return out
+
+
+# MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure and covered by a kept fixture
+# (tests/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
+MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
+    V1ALPHA1: (V1, migrate_v1alpha1_to_v1),
+    V1: (V2, migrate_v1_to_v2),
+}
+
+
+def migrate_document(doc: Any, source: str) -> Any:
+    """An older plan document → the same plan at `LATEST`, one migration at a time (anything else is returned as is).
+
+    Raises:
+        LiacError: a migration refused the document (naming the path in the old document and the version).
+    """
+    seen = set()
+    while isinstance(doc, dict) and doc.get("apiVersion") in MIGRATIONS and doc.get("apiVersion") != LATEST:
+        version = doc["apiVersion"]
+        if version in seen:
+            raise LiacError(source, f"migration loop at '{version}'", path="apiVersion")
+        seen.add(version)
+        _, migrate = MIGRATIONS[version]
+        try:
+            doc = migrate(doc)
+        except MigrationError as e:
+            raise LiacError(source, f"{e.message} (while migrating from '{version}')", path=e.path) from e
+    return doc

@@ -1,0 +1,513 @@
+"""CostGraph + placement → seconds: the cost equations evaluated on a placement, and the price of a plan.
+
+The CostGraph (passes/costs.py) prices every placement unit alone: its compute on each device with its operand in
+each tier, the bytes it would stream or read, each activation edge's copy in each direction. This module is the
+only code that combines those numbers for a placement (docs/cost-model.md):
+
+    unit terms     compute on the chain (Eq. 1; a split's slower part plus the sync, Eq. 15), the DMA's room
+                   beside a CPU part (Eq. 18a), streamed and read bytes (Eqs. 5, 6, 16), the KV write (Eq. 3), the
+                   activation copies (Eqs. 2, 17), the stream rate of a tier (Eq. 5)
+    layer_time     one layer in one phase: max(chain, stream, shared DDR, DMA fitted beside the CPU) per step, summed
+                   over the phase's steps (Eqs. 4-9, 18), for many placements at once: the ILP prices every
+                   candidate with it (`LayerTime`)
+    unit_times     the same terms per unit, as `status.predicted.sublayers` reports them (`UnitTime`)
+    price_groups   a plan's layer groups on a CostGraph → `PlanPrice`: what `emit_plan` writes into `status.predicted`
+    price_plan     a plan alone → its `PlanPrice`, the CostGraph rebuilt from `spec` (`liac explain`, `liac calibrate`)
+
+Everyone who needs a price calls here: the ILP (passes/ilp.py), `emit_plan`, `liac explain` (the per-unit prices
+and the flip test, `PlanPrice.alternatives`) and `liac calibrate` (predictions under scaled profiles). A change to
+how a placement is priced is a change to this file; a change to what one unit costs is a change to costs.py.
+
+    price = price_plan(load_plan("plans/opt-30b.spr-h100/opt-30b.spr-h100.b1-p128-g32.yaml"))
+    price.total_seconds == plan.status.predicted.total_seconds    # to the 6 digits the file keeps
+
+Placements are given as the CPU's share of each unit's output features in permille, as the plan writes them:
+1000 = CPU, 0 = GPU, in between a split at a share of the CostGraph's grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from liac.errors import LiacError
+from liac.passes.costs import (SPLIT_PERMILLE, ClassCosts, CostGraph, EdgeCosts, PhaseCosts, TierBudgets, UnitCosts,
+                               Workload, annotate_costs)
+from liac.plan import HOST_TIERS, PHASES, TIERS, LayerGroup, OffloadPlan, placement_of
+from liac.profile import HardwareProfile, resolve_profile
+from liac.sizes import GB
+
+__all__ = ["LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
+           "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "layer_time", "unit_times",
+           "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer of a class in one phase, for each of P placements (arrays of length P)."""
+
+    seconds: np.ndarray  # Eq. 8: Eq. 7 summed over the phase's steps
+    staging_bytes: np.ndarray  # Eq. 9: the most bytes streamed to the GPU in one step
+    valid: np.ndarray  # bool: the rules allow the placement (no CPU compute from HBM, splits from DDR/CXL only)
+    chain_seconds: np.ndarray  # Eq. 4 summed: the sequential part alone (breaks ties the max() of Eq. 7 hides)
+
+
+@dataclass(frozen=True)
+class UnitTime:
+    """One unit of a layer in one phase, as placed: means over the phase's steps (0 when it has none)."""
+
+    name: str
+    device: str  # 'cpu', 'gpu' or 'split'
+    compute_seconds: float  # on the chain (a split: the slower part plus the sync, Eq. 15)
+    transfer_seconds: float  # the activations it receives and the K, V it writes (Eqs. 2, 3, 17)
+    stream_seconds: float  # its streamed bytes at the link rate, overlapped with compute (Eqs. 5, 7)
+
+
+@dataclass(frozen=True)
+class UnitPrice:
+    """One unit of one group in one phase: its time on each device, as the plan places its tensors (`liac explain`).
+
+    `cpu_seconds` is None when the CPU may not compute it there (weights in HBM, or a decode KV cache in HBM).
+    Transfers: the PCIe seconds its incoming and outgoing activations (and KV writes) cost with the unit wholly on
+    each device, given where the plan puts its neighbours (a split neighbour's parts per Eq. 17);
+    `stream_seconds_on_gpu` is what streaming its operand would take (0 when in HBM). `device` is the plan's
+    placement ('cpu', 'gpu' or 'split'); for a split, `cpu_permille` is the CPU's share and `split_seconds` the
+    slower of its two parts plus the profile's `split_sync_seconds` (Eq. 15).
+    """
+
+    group: str
+    unit: str
+    phase: str
+    device: str
+    cpu_seconds: float | None
+    gpu_seconds: float
+    transfer_seconds_on_cpu: float
+    transfer_seconds_on_gpu: float
+    stream_seconds_on_gpu: float
+    cpu_permille: int = 0
+    split_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class GroupPrice:
+    """One layer group of a plan, priced as the plan places it."""
+
+    group: LayerGroup
+    tiers: tuple[str, ...]  # per unit, the tier of its operand (`operand_tiers`)
+    layer_seconds: dict[str, float]  # phase → one layer, summed over the phase's steps (Eq. 8)
+    units: dict[str, tuple[UnitTime, ...]]  # phase → per unit
+
+    @property
+    def name(self) -> str:
+        return self.group.name
+
+
+@dataclass(frozen=True)
+class PlanPrice:
+    """A plan's layer groups priced on a CostGraph: the numbers `status.predicted` holds, and the means to price
+    an alternative placement of one group's layer (`alternatives`)."""
+
+    costs: CostGraph
+    groups: tuple[GroupPrice, ...]
+    prefill_seconds: float  # Σ groups: layer_count × one layer's prefill
+    decode_seconds: float  # Σ groups: layer_count × one layer's decode steps, all of them
+
+    @property
+    def decode_steps(self) -> int:
+        return self.costs.workload.gen_len - 1
+
+    @property
+    def decode_seconds_per_token(self) -> float:
+        return self.decode_seconds / self.decode_steps if self.decode_steps > 0 else 0.0
+
+    @property
+    def total_seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        work = self.costs.workload
+        total = self.total_seconds
+        return work.batch_size * work.gen_len / total if total > 0 else 0.0
+
+    def group(self, name: str) -> GroupPrice:
+        for priced in self.groups:
+            if priced.name == name:
+                return priced
+        raise KeyError(name)
+
+    def alternatives(self, group: str, phase: str, cpu_permille) -> LayerTime:
+        """One layer of `group` in `phase` at each row of `cpu_permille` [P, U] (the group's tiers kept)."""
+        priced = self.group(group)
+        cls = self.costs.layer_class(priced.group.layer_class)
+        return layer_time(self.costs, cls, phase, priced.tiers, cpu_permille)
+
+
+@dataclass(frozen=True)
+class DdrSharing:
+    """How the CPU and PCIe DMA share DDR on a profile (docs/cost-model.md Eqs. 6, 18): why a split pays.
+
+    `beside_gb_per_s` is what DMA can read while the CPU reads DDR at its own rate, min(PCIe, shared − CPU): 0
+    when the CPU alone saturates DDR, and then a split gains only from DMA reading while the CPU does not.
+    """
+
+    cpu_gb_per_s: float
+    pcie_gb_per_s: float
+    shared_gb_per_s: float
+    split_sync_seconds: float
+
+    @property
+    def beside_gb_per_s(self) -> float:
+        return max(0.0, min(self.pcie_gb_per_s, self.shared_gb_per_s - self.cpu_gb_per_s))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Placements
+
+
+def operand_tiers(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> tuple[str, ...]:
+    """Per unit, the tier its operand lives in: its weights' tier, the KV cache's for attention ('ddr' for a unit
+    with neither, which reads only activations)."""
+    out = []
+    for operand, tier in zip(cls.operands, weights):
+        out.append(tier if operand == "weights" else kv_cache if operand == "kv" else "ddr")
+    return tuple(out)
+
+
+def gpu_shares(cpu_permille) -> np.ndarray:
+    """The GPU's share of each unit's output features (1 = GPU, 0 = CPU) for CPU shares in permille."""
+    return 1.0 - np.asarray(cpu_permille) / 1000.0
+
+
+def _group_permille(group: LayerGroup, phase: str) -> tuple[int, ...]:
+    return tuple(s.cpu_permille(phase) for s in group.sublayers)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The terms of one unit
+
+
+def share_transfer_seconds(seconds, fraction: np.ndarray, latency: float) -> np.ndarray:
+    """[P, steps] seconds of copying `fraction` [P] of a transfer that takes `seconds` [steps] whole (Eqs. 2, 17):
+    the bytes scale, the fixed latency does not; nothing copied costs nothing."""
+    seconds = np.asarray(seconds, dtype=np.float64)[None, :]
+    fraction = fraction[:, None]
+    moved = (fraction > 0) & (seconds > 0)
+    return np.where(moved, fraction * (seconds - latency) + latency, 0.0)
+
+
+def _edge_seconds(costs: CostGraph, edge: EdgeCosts, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eqs. 2, 17: ([P, steps] H2D, [P, steps] D2H) of one activation edge: every device computing part of its
+    destination needs the parts of its source that it lacks."""
+    src, dst = shares[:, edge.src], shares[:, edge.dst]
+    latency = costs.pcie_latency_seconds
+    return (share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency),
+            share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency))
+
+
+def _kv_write_seconds(costs: CostGraph, unit: UnitCosts, kv_tier: str, share: np.ndarray) -> np.ndarray:
+    """Eq. 3: [P, steps] seconds of copying the new K, V a unit at GPU share `share` [P] writes to the KV tier's side
+    of PCIe (a split: its parts' shares)."""
+    if kv_tier == "hbm":
+        return share_transfer_seconds(unit.kv_to_gpu_seconds, 1.0 - share, costs.pcie_latency_seconds)
+    return share_transfer_seconds(unit.kv_to_host_seconds, share, costs.pcie_latency_seconds)
+
+
+def _stream_rate(costs: CostGraph, tier: str) -> float:
+    """Eq. 5: bytes/s an operand in `tier` streams to the GPU at (DDR: PCIe; CXL: the slower of CXL and PCIe)."""
+    return (costs.h2d_gb_per_s if tier == "ddr" else costs.cxl_stream_gb_per_s) * GB
+
+
+def _kv_tier(cls: ClassCosts, tiers: tuple[str, ...]) -> str | None:
+    """The class's KV tier in `tiers` (None for a class without a KV cache)."""
+    return next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
+
+
+def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int) -> dict:
+    """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
+    'stream' bytes to the GPU, 'read' bytes the CPU reads from the tier, 'cpu' seconds the CPU computes and the
+    DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether the option is allowed."""
+    tier_index = TIERS.index(tier)
+    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
+    ok = np.ones(permille.size, dtype=bool)
+    grid = {p: k for k, p in enumerate(costs.split_permille)}
+    for option, value in enumerate(permille):
+        if value == 0:
+            out["compute"][option] = unit.gpu_seconds
+            out["stream"][option] = unit.stream_bytes
+        elif value == 1000:
+            out["compute"][option] = out["cpu"][option] = unit.cpu_seconds[tier_index]
+            out["beside"][option] = unit.cpu_beside_bytes[tier_index]
+            out["read"][option] = unit.cpu_read_bytes
+            ok[option] = tier != "hbm" or unit.cpu_allows_hbm
+        elif unit.can_split and int(value) in grid:
+            k = grid[int(value)]
+            # Eq. 15: both parts run at once; the unit is done when the slower one is, and the hand-off of the CPU
+            # part to the worker thread and the join cost the sync on top
+            out["compute"][option] = (np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
+                                      + costs.split_sync_seconds)
+            out["cpu"][option] = unit.split_cpu_seconds[k][tier_index]
+            out["beside"][option] = unit.split_cpu_beside_bytes[k][tier_index]
+            out["stream"][option] = unit.split_stream_bytes[k]
+            out["read"][option] = unit.split_cpu_read_bytes[k]
+            ok[option] = tier in HOST_TIERS  # a split reads its CPU share from DDR/CXL, never from HBM
+        elif unit.can_split:
+            raise ValueError(f"unit '{unit.name}' is priced at CPU shares {costs.split_permille} permille, not {value}")
+        else:
+            ok[option] = False  # this unit cannot split
+    out["ok"] = ok
+    return out
+
+
+def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,
+                           shared_gb_per_s: float):
+    """Eq. 18: the least step time that fits the DMA's reads of DDR beside the CPU's (elementwise over arrays).
+
+    A fluid model of the memory system. While the CPU computes (`cpu_seconds` of the chain), DMA can read the
+    `beside_bytes` the CPU's kernels leave it (Eq. 18a, per kernel: what the shared DDR rate leaves beside the
+    kernel's own reads, at most the PCIe rate; its launch overhead at min(PCIe, shared)); the rest of the chain
+    (GPU work, transfers, a split's sync) it reads DDR alone, at min(PCIe, shared). When the streamed bytes do not
+    fit, the step stretches: first by slowing the CPU's reads (each second of it gives the DMA `shared` bytes,
+    until the DMA beside the CPU runs at the PCIe rate: CPU seconds = cpu_bytes / (shared − PCIe)), then by
+    waiting for the DMA alone. So where the CPU alone saturates DDR (shared = its rate), moving a unit's bytes from
+    the CPU to PCIe gains only what DMA reads while the CPU does not read DDR.
+    """
+    h, s = h2d_gb_per_s * GB, shared_gb_per_s * GB
+    chain = np.asarray(chain, dtype=np.float64)
+    gaps = np.maximum(chain - cpu_seconds, 0.0)
+    deficit = np.maximum(stream_bytes - beside_bytes - min(h, s) * gaps, 0.0)
+    if s <= h:  # the DMA alone gets the shared rate: every second of stretch gives it that
+        return chain + deficit / s
+    slow = np.maximum(cpu_bytes / (s - h) - cpu_seconds, 0.0)
+    return chain + np.where(deficit <= s * slow, deficit / s, slow + (deficit - s * slow) / h)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One layer
+
+
+def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille) -> LayerTime:
+    """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement (Eqs. 4-9, 18).
+
+    Args:
+        costs: the cost graph (link rates of Eqs. 5-6, the split grid and sync).
+        cls: the layer class.
+        phase: 'prefill' or 'decode'.
+        tiers: per unit, the tier of its operand (`operand_tiers`).
+        cpu_permille: [P, U] placements: per unit the CPU's share of its output features in permille (1000 = CPU,
+            0 = GPU, in between a split at one of `costs.split_permille`).
+    """
+    pc = cls.phase(phase)
+    permille = np.asarray(cpu_permille, dtype=np.int64)
+    shares = gpu_shares(permille)
+    num = shares.shape[0]
+    steps = max(pc.steps, 1)  # gen_len 1: no decode step; validity is still checked
+    chain = np.zeros((num, steps))
+    stream_ddr = np.zeros((num, steps))
+    stream_cxl = np.zeros((num, steps))
+    cpu_ddr = np.zeros((num, steps))
+    cpu_seconds = np.zeros((num, steps))
+    beside = np.zeros((num, steps))
+    valid = np.ones(num, dtype=bool)
+    kv_tier = _kv_tier(cls, tiers)
+    for index, unit in enumerate(pc.units):
+        values, inverse = np.unique(permille[:, index], return_inverse=True)
+        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0)
+        valid &= options["ok"][inverse]
+        if pc.steps == 0:
+            continue
+        chain += options["compute"][inverse]  # Eqs. 1, 15
+        cpu_seconds += options["cpu"][inverse]
+        beside += options["beside"][inverse]
+        if tiers[index] == "ddr":
+            stream_ddr += options["stream"][inverse]
+            cpu_ddr += options["read"][inverse]
+        elif tiers[index] == "cxl":
+            stream_cxl += options["stream"][inverse]
+        if kv_tier is not None:
+            chain += _kv_write_seconds(costs, unit, kv_tier, shares[:, index])  # Eq. 3
+    if pc.steps == 0:
+        return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
+    for edge in pc.edges:
+        for seconds in _edge_seconds(costs, edge, shares):  # Eqs. 2, 17
+            chain += seconds
+    t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
+    t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
+    t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
+                                      costs.ddr_shared_gb_per_s)  # Eq. 18
+    step_seconds = np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared))  # Eq. 7
+    staging = (stream_ddr + stream_cxl).max(axis=1)  # Eq. 9
+    return LayerTime(step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1))  # Eq. 8
+
+
+def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
+               cpu_permille: tuple[int, ...]) -> tuple[UnitTime, ...]:
+    """Per unit of one placement, its compute, transfer and stream seconds (means over the phase's steps).
+
+    Transfers are charged to the unit that receives the activation (and KV writes to the unit that writes them);
+    stream seconds are the unit's streamed bytes at the link rate (overlapped with compute, Eq. 7).
+    """
+    pc = cls.phase(phase)
+    permille = np.asarray(cpu_permille, dtype=np.int64)
+    shares = gpu_shares(permille)[None, :]
+    kv_tier = _kv_tier(cls, tiers)
+    out = []
+    for index, unit in enumerate(pc.units):
+        value = int(permille[index])
+        device = placement_of(value)
+        if pc.steps == 0:
+            out.append(UnitTime(unit.name, device, 0.0, 0.0, 0.0))
+            continue
+        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
+        transfer = np.zeros((1, pc.steps))
+        if kv_tier is not None:
+            transfer += _kv_write_seconds(costs, unit, kv_tier, shares[:, index])
+        for edge in pc.edges:
+            if edge.dst == index:
+                for seconds in _edge_seconds(costs, edge, shares):
+                    transfer += seconds
+        stream = 0.0
+        if value < 1000 and tiers[index] in HOST_TIERS:
+            stream = float(np.mean(options["stream"])) / _stream_rate(costs, tiers[index])
+        out.append(UnitTime(unit.name, device, float(np.mean(options["compute"])), float(np.mean(transfer)), stream))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A plan
+
+
+def price_groups(costs: CostGraph, layer_groups: tuple[LayerGroup, ...]) -> PlanPrice:
+    """A plan's layer groups, each layer as its group places it, on `costs` (what `status.predicted` holds)."""
+    groups = []
+    totals = {"prefill": 0.0, "decode": 0.0}
+    for group in layer_groups:
+        cls = costs.layer_class(group.layer_class)
+        tiers = operand_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
+        seconds, units = {}, {}
+        for phase in PHASES:
+            permille = _group_permille(group, phase)
+            seconds[phase] = float(layer_time(costs, cls, phase, tiers, np.array([permille])).seconds[0])
+            totals[phase] += seconds[phase] * group.layer_count
+            units[phase] = unit_times(costs, cls, phase, tiers, permille)
+        groups.append(GroupPrice(group, tiers, seconds, units))
+    return PlanPrice(costs, tuple(groups), totals["prefill"], totals["decode"])
+
+
+def plan_profile(plan: OffloadPlan, hw: HardwareProfile | str | None = None) -> HardwareProfile:
+    """The profile a plan was compiled for: the shipped one it names, unless `hw` (name, file or profile) is given.
+
+    Raises:
+        LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
+    """
+    spec = plan.spec
+    profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile") if hw is None else (
+        hw if isinstance(hw, HardwareProfile) else resolve_profile(hw))
+    if hw is None and profile.sha256() != spec.hardware.sha256:
+        raise LiacError("spec.hardware.sha256", f"profile '{profile.name}' has changed since the plan was compiled "
+                        "(sha256 differs): pass the profile file it was compiled with")
+    return profile
+
+
+def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None) -> CostGraph:
+    """The CostGraph a plan was compiled from, rebuilt from its spec (profile by name unless `hw` is given),
+    pricing splits at the compiler's grid and at every share the plan uses.
+
+    Args:
+        graph: the model's traced SublayerGraph, when the caller has it (skips tracing).
+
+    Raises:
+        LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
+    """
+    spec = plan.spec
+    profile = plan_profile(plan, hw)
+    if graph is None:
+        from liac.passes.trace import trace_model  # late import: tracing pulls in torch, pricing does not need it
+
+        graph = trace_model(plan.model_config)
+    depth = max(spec.execution.prefetch_depth, 1)
+    budgets = TierBudgets(spec.budgets.gpu_bytes, spec.budgets.cpu_bytes, spec.budgets.cxl_bytes, depth)
+    work = Workload(spec.workload.batch_size, spec.workload.prompt_len, spec.workload.gen_len)
+    return annotate_costs(graph, profile, work, budgets, split_permille=split_grid(plan))
+
+
+def split_grid(plan: OffloadPlan) -> tuple[int, ...]:
+    """The CPU shares (permille) to price a plan's split units at: the compiler's grid and every share it uses."""
+    shares = {s.cpu_permille(phase) for g in plan.spec.layer_groups for s in g.sublayers for phase in PHASES}
+    return tuple(sorted(set(SPLIT_PERMILLE) | {p for p in shares if 0 < p < 1000}))
+
+
+def price_plan(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None,
+               costs: CostGraph | None = None) -> PlanPrice:
+    """A plan → its price, from its `spec` alone: the CostGraph rebuilt (`plan_costs`, unless `costs` is given) and
+    every group priced as the plan places it. Equals the plan's `status.predicted` (tests/passes/test_price.py).
+
+    Raises:
+        LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
+    """
+    costs = costs if costs is not None else plan_costs(plan, hw=hw, graph=graph)
+    return price_groups(costs, plan.spec.layer_groups)
+
+
+def _mean(values) -> float:
+    return float(np.mean(values)) if len(values) else 0.0
+
+
+def unit_prices(price: PlanPrice) -> list[UnitPrice]:
+    """Per group, phase and unit: the unit's time wholly on each device and the transfers each choice implies,
+    its neighbours as planned (what `liac explain` tabulates)."""
+    costs = price.costs
+    out = []
+    for priced in price.groups:
+        group = priced.group
+        cls = costs.layer_class(group.layer_class)
+        kv_tier = _kv_tier(cls, priced.tiers)
+        for phase in PHASES:
+            pc = cls.phase(phase)
+            planned = gpu_shares(_group_permille(group, phase))
+            for index, unit in enumerate(pc.units):
+                tier = priced.tiers[index]
+                whole = _unit_options(costs, unit, tier, np.array([1000, 0]), pc.steps)  # wholly on the CPU, GPU
+                transfer = {}
+                for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
+                    moved = planned.copy()
+                    moved[index] = share
+                    transfer[share] = _unit_transfer_seconds(costs, pc, index, moved[None, :], kv_tier)
+                stream = _mean(whole["stream"][1]) / _stream_rate(costs, tier) if tier in HOST_TIERS else 0.0
+                sub = group.sublayers[index]
+                permille = sub.cpu_permille(phase)
+                out.append(UnitPrice(group=group.name, unit=unit.name, phase=phase, device=getattr(sub, phase),
+                                     cpu_seconds=_mean(whole["compute"][0]) if whole["ok"][0] else None,
+                                     gpu_seconds=_mean(whole["compute"][1]), transfer_seconds_on_cpu=transfer[0.0],
+                                     transfer_seconds_on_gpu=transfer[1.0], stream_seconds_on_gpu=stream,
+                                     cpu_permille=permille,
+                                     split_seconds=(priced.units[phase][index].compute_seconds
+                                                    if 0 < permille < 1000 else None)))
+    return out
+
+
+def _unit_transfer_seconds(costs: CostGraph, pc: PhaseCosts, index: int, shares: np.ndarray,
+                           kv_tier: str | None) -> float:
+    """Mean PCIe seconds per step of the activations into and out of unit `index` and its KV writes, with every
+    unit at its GPU share in `shares` [1, U] (Eqs. 2, 3, 17)."""
+    if pc.steps == 0:
+        return 0.0
+    total = np.zeros((1, pc.steps))
+    if kv_tier is not None:
+        total += _kv_write_seconds(costs, pc.units[index], kv_tier, shares[:, index])
+    for edge in pc.edges:
+        if index in (edge.src, edge.dst):
+            for seconds in _edge_seconds(costs, edge, shares):
+                total += seconds
+    return float(total.mean())
+
+
+def ddr_sharing(profile: HardwareProfile) -> DdrSharing:
+    """The DDR-sharing numbers of a profile (Eqs. 6, 18)."""
+    return DdrSharing(profile.cpu_ddr_read_gb_per_s, profile.pcie_h2d_gb_per_s, profile.ddr_shared_gb_per_s,
+                      profile.split_sync_seconds)

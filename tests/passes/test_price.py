@@ -1,0 +1,233 @@
+"""Pricing a placement (passes/price.py): one layer's time against hand sums of the unit prices (Eqs. 2-9, 15-18),
+and a plan's price, the same wherever it is asked for: every checked-in plan of every shipped profile (splits
+included) re-prices to the `status.predicted` it carries, and `liac calibrate` predicts exactly that too."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hand_graphs import TINY, hand_graph
+
+from liac.api import compile_plans
+from liac.calibrate import Row, Run, predict_rows
+from liac.models import ZOO
+from liac.passes.costs import TierBudgets, Workload, annotate_costs
+from liac.passes.price import dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices
+from liac.passes.trace import trace_model
+from liac.plan import PHASES, load_plan
+from liac.profile import profile_names, resolve_profile
+from liac.sizes import GB, GIB
+from liac.sweep import plan_files
+
+HW = resolve_profile("spr-h100-cxl")
+BUDGETS = TierBudgets(10**12, 10**12, 10**12)
+PLANS = Path(__file__).resolve().parents[2] / "plans"
+MODELS = ("opt-30b", "opt-66b")  # two traces cover a split plan on every profile plans/ holds
+
+
+def costs_for(batch=2, prompt=8, gen=4, hw=HW):
+    return annotate_costs(hand_graph(TINY), hw, Workload(batch, prompt, gen), BUDGETS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One layer, by hand
+
+
+def by_hand_fit(chain, cpu, beside, cpu_read, stream, costs):
+    """Eq. 18 written out: DMA reads `beside` bytes while the CPU computes and the PCIe rate (at most the shared
+    one) in the rest of the chain; what does not fit stretches the step at the shared rate while slowing the CPU
+    helps (until the DMA beside it gets the PCIe rate), then at the PCIe rate."""
+    h, sh = costs.h2d_gb_per_s * GB, costs.ddr_shared_gb_per_s * GB
+    short = stream - beside - min(h, sh) * max(chain - cpu, 0.0)
+    if short <= 0:
+        return chain
+    slow = max(cpu_read / (sh - h) - cpu, 0.0)
+    return chain + (short / sh if short <= sh * slow else slow + (short - sh * slow) / h)
+
+
+def test_layer_time_is_the_max_of_chain_stream_and_shared_ddr():
+    """Eqs. 7 and 18 on all-CPU, all-GPU-streamed and mixed placements, summed by hand from the unit prices."""
+    costs = costs_for(batch=4)
+    dec = costs.layer_class("decoder")
+    tiers = ("ddr", "ddr", "ddr", "ddr", "ddr", "ddr")
+    for placement in [(0,) * 6, (1,) * 6, (1, 0, 0, 1, 1, 1), (0, 1, 1, 0, 1, 0)]:  # 1 = GPU
+        permille = [[1000 * (1 - on_gpu) for on_gpu in placement]]
+        priced = layer_time(costs, dec, "decode", tiers, np.array(permille))
+        seconds, staging, valid = priced.seconds, priced.staging_bytes, priced.valid
+        pc = dec.decode
+        total, most = 0.0, 0.0
+        for step in range(pc.steps):
+            chain = stream = cpu_read = cpu = beside = 0.0
+            for i, u in enumerate(pc.units):
+                if placement[i]:
+                    chain += u.gpu_seconds[step] + u.kv_to_host_seconds[step]
+                    stream += u.stream_bytes[step]
+                else:
+                    chain += u.cpu_seconds[1][step]
+                    cpu += u.cpu_seconds[1][step]
+                    beside += u.cpu_beside_bytes[1][step]
+                    cpu_read += u.cpu_read_bytes[step]
+            for e in pc.edges:
+                if placement[e.src] != placement[e.dst]:
+                    chain += e.h2d_seconds[step] if placement[e.dst] else e.d2h_seconds[step]
+            total += max(chain, stream / (costs.h2d_gb_per_s * GB),
+                         (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
+                         by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+            most = max(most, stream)
+        assert valid[0]
+        assert seconds[0] == pytest.approx(total, rel=1e-12)
+        assert staging[0] == pytest.approx(most)
+
+
+def test_split_layer_time_by_hand():
+    """Eqs. 15-18 on CCCC[S]G (fc1 split, 600 permille on the CPU), KV and weights in DDR: the split unit takes
+    the slower of its parts plus the sync; an activation crossing to a split unit's GPU part moves whole, one
+    leaving a split unit moves only the other device's share (its bytes scale, the latency does not)."""
+    costs = annotate_costs(hand_graph(TINY), HW, Workload(4, 8, 4), BUDGETS, split_permille=(600,))
+    dec = costs.layer_class("decoder")
+    tiers = ("ddr",) * 6
+    permille = (1000, 1000, 1000, 1000, 600, 0)  # fc1 is 60 % on the CPU, fc2 on the GPU
+    priced = layer_time(costs, dec, "decode", tiers, np.array([permille]))
+    seconds, staging, valid = priced.seconds, priced.staging_bytes, priced.valid
+    pc, lat = dec.decode, HW.pcie_latency_seconds
+    idx = {name: i for i, name in enumerate(dec.units)}
+
+    def edge(a, b):
+        return next(e for e in pc.edges if (e.src, e.dst) == (idx[a], idx[b]))
+
+    total = most = 0.0
+    for t in range(pc.steps):
+        u = pc.units
+        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t]) + HW.split_sync_seconds
+        chain = sum(u[i].cpu_seconds[1][t] for i in range(4)) + fc1 + u[5].gpu_seconds[t]
+        cpu = sum(u[i].cpu_seconds[1][t] for i in range(4)) + u[4].split_cpu_seconds[0][1][t]
+        beside = sum(u[i].cpu_beside_bytes[1][t] for i in range(4)) + u[4].split_cpu_beside_bytes[0][1][t]
+        chain += edge("out_proj", "fc1").h2d_seconds[t]  # CPU → the split fc1's GPU part: all of it
+        chain += 0.6 * (edge("fc1", "fc2").h2d_seconds[t] - lat) + lat  # the CPU's 60 % of fc1's output
+        chain += edge("out_proj", "fc2").h2d_seconds[t]  # the residual, to the GPU
+        chain += edge("fc2", "qkv").d2h_seconds[t] + edge("fc2", "out_proj").d2h_seconds[t]
+        stream = u[4].split_stream_bytes[0][t] + u[5].stream_bytes[t]
+        cpu_read = sum(u[i].cpu_read_bytes[t] for i in range(4)) + u[4].split_cpu_read_bytes[0][t]
+        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
+                     by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+        most = max(most, stream)
+    assert valid[0]
+    assert seconds[0] == pytest.approx(total, rel=1e-12)
+    assert staging[0] == pytest.approx(most)
+    assert costs.split_sync_seconds == HW.split_sync_seconds > 0
+    # a split needs its weights off HBM; a share off the grid is a programming error
+    tiers_hbm = ("ddr", "ddr", "ddr", "ddr", "hbm", "ddr")
+    assert not layer_time(costs, dec, "decode", tiers_hbm, np.array([permille])).valid[0]
+    with pytest.raises(ValueError, match="not 500"):
+        layer_time(costs, dec, "decode", tiers, np.array([(1000, 1000, 1000, 1000, 500, 0)]))
+
+
+def test_dma_beside_the_cpu_closed_forms():
+    """Eq. 18 on hand-computed cases (rates in GB/s, bytes in GB): DMA alone; a CPU that saturates DDR; a CPU
+    that leaves headroom, first enough, then not enough (the CPU is slowed, then the DMA waited for)."""
+    def fit(chain, cpu, beside, cpu_gb, stream_gb, h2d, shared):
+        return float(dma_beside_cpu_seconds(np.array(chain), np.array(cpu), np.array(beside * 1e9),
+                                            np.array(cpu_gb * 1e9), np.array(stream_gb * 1e9), h2d, shared))
+
+    assert fit(0.0, 0.0, 0.0, 0.0, 55.0, 55.0, 75.0) == pytest.approx(1.0)  # 55 GB at 55 GB/s
+    assert fit(0.0, 0.0, 0.0, 0.0, 55.0, 55.0, 40.0) == pytest.approx(55.0 / 40.0)  # DDR slower than the link
+    # the CPU alone saturates DDR (210 of 210) for 1 s, 0.1 s of launches: DMA gets 5.5 GB in the gaps, the
+    # rest at the shared rate by slowing the CPU: (210 + 20 − 5.5) GB / 210 GB/s + 0.1 s
+    assert fit(1.1, 1.1, 55.0 * 0.1, 210.0, 20.0, 55.0, 210.0) == pytest.approx(1.1 + 14.5 / 210.0)
+    # headroom (CPU 210, shared 260, PCIe 55): 50 GB/s beside the CPU for 1 s
+    assert fit(1.0, 1.0, 50.0, 210.0, 50.0, 55.0, 260.0) == pytest.approx(1.0)
+    # 10 GB more: slowing the CPU to the point where DMA gets 55 beside it (210/205 s) gives 260 GB/s · 0.0244 s,
+    # the rest waits for the DMA at 55 GB/s
+    slow = 210.0 / 205.0 - 1.0
+    assert fit(1.0, 1.0, 50.0, 210.0, 60.0, 55.0, 260.0) == pytest.approx(1.0 + slow + (10.0 - 260.0 * slow) / 55.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A plan: the same price wherever it is asked for
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """(plan, traced graph): every checked-in plan of MODELS (five shipped profiles), and for the profiles with no
+    checked-in plan (h200-measured) a compile of OPT-30B with 24 GiB of HBM at batch 1, which splits."""
+    graphs = {model: trace_model(ZOO[model]) for model in MODELS}
+    out = [(load_plan(path), graphs[model]) for model in MODELS for sweep in sorted(PLANS.glob(f"{model}.*"))
+           for path in plan_files(sweep)]
+    covered = {plan.spec.hardware.profile for plan, _ in out}
+    for profile in sorted(set(profile_names()) - covered):
+        result = compile_plans("opt-30b", profile, batches=(1,), gpu_mem=24 * GIB, graph=graphs["opt-30b"])
+        out.append((result.points[0].plan, graphs["opt-30b"]))
+    return out
+
+
+def _splits(plan) -> bool:
+    return any(0 < s.cpu_permille(phase) < 1000 for g in plan.spec.layer_groups for s in g.sublayers
+               for phase in PHASES)
+
+
+def _calibrate_predicts(plan, graph) -> list[float]:
+    """What `liac calibrate` predicts for a run of `plan` at its own workload: its phase rows, then one sublayer
+    row per unit (the profiling pass over every decode step)."""
+    work = plan.spec.workload
+    rows = [Row("run.json", "phase", phase, "", (), "", 1.0) for phase in PHASES]
+    rows += [Row("run.json", "sublayer", phase, group.name, (sub.name,), getattr(sub, phase), 1.0)
+             for group in plan.spec.layer_groups for phase in PHASES for sub in group.sublayers]
+    run = Run("run.json", plan, work.batch_size, work.prompt_len, work.gen_len, work.gen_len - 1, tuple(rows))
+    return predict_rows([run], plan_profile(plan), {plan.spec.model.config_sha256: graph})
+
+
+def test_status_predicted_equals_price_plan_equals_calibrate_on_every_shipped_profile(plans):
+    assert {plan.spec.hardware.profile for plan, _ in plans} == set(profile_names())
+    assert {plan.spec.hardware.profile for plan, _ in plans if _splits(plan)} == set(profile_names())
+    for plan, graph in plans:
+        predicted = plan.status.predicted  # from the file: floats at 6 significant digits (rel. error < 5e-6)
+        price = price_plan(plan, graph=graph)
+        for name in ("prefill_seconds", "decode_seconds", "decode_seconds_per_token", "total_seconds",
+                     "tokens_per_second"):
+            assert getattr(price, name) == pytest.approx(getattr(predicted, name), rel=1e-5), (plan.metadata.name,
+                                                                                                 name)
+        rows = [(g.name, u.name, phase, u.device, u.compute_seconds, u.transfer_seconds, u.stream_seconds)
+                for g in price.groups for phase in PHASES for u in g.units[phase]]
+        assert [r[:4] for r in rows] == [(t.group, t.name, t.phase, t.device) for t in predicted.sublayers]
+        for row, time in zip(rows, predicted.sublayers):
+            assert row[4:] == pytest.approx((time.compute_seconds, time.transfer_seconds, time.stream_seconds),
+                                            rel=1e-5, abs=1e-15)
+        calibrated = _calibrate_predicts(plan, graph)
+        units = [u.compute_seconds + u.transfer_seconds for g in price.groups for phase in PHASES
+                 for u in g.units[phase]]
+        assert calibrated == [price.prefill_seconds, price.decode_seconds_per_token] + units  # the same code, exactly
+
+
+def test_a_fresh_compile_reprices_to_the_bit(plans):
+    """In memory (no rounding to the file's 6 digits), emit_plan's prediction and a re-price from the spec alone
+    are the same floats: one code path, the same CostGraph."""
+    plan, graph = plans[-1]
+    assert plan.spec.hardware.profile == "h200-measured" and _splits(plan)
+    price = price_plan(plan, graph=graph)
+    predicted = plan.status.predicted
+    assert (price.prefill_seconds, price.decode_seconds, price.tokens_per_second) == (
+        predicted.prefill_seconds, predicted.decode_seconds, predicted.tokens_per_second)
+    assert [dataclasses.astuple(u)[1:] for g in price.groups for phase in PHASES for u in g.units[phase]] == [
+        (t.device, t.compute_seconds, t.transfer_seconds, t.stream_seconds) for t in predicted.sublayers]
+
+
+def test_unit_prices_of_a_split_plan(plans):
+    """Per unit, both devices' times: a split unit's price is the slower of its parts plus the sync (Eq. 15), a
+    unit the CPU may not compute (weights in HBM) has no CPU time, and its planned device is the plan's."""
+    plan, graph = next((p, g) for p, g in plans if _splits(p))
+    price = price_plan(plan, graph=graph)
+    prices = unit_prices(price)
+    assert len(prices) == 2 * sum(len(g.sublayers) for g in plan.spec.layer_groups)
+    placed = {(g.name, s.name, phase): (getattr(s, phase), s.weights) for g in plan.spec.layer_groups
+              for s in g.sublayers for phase in PHASES}
+    sync = plan_profile(plan).split_sync_seconds
+    for p in prices:
+        device, weights = placed[(p.group, p.unit, p.phase)]
+        assert p.device == device and p.gpu_seconds > 0
+        if weights != "none":  # (attention: its KV cache's tier decides)
+            assert (p.cpu_seconds is None) == (weights == "hbm")
+        if device == "split":
+            assert 0 < p.cpu_permille < 1000 and p.split_seconds > sync
