@@ -4,7 +4,9 @@ Binding (at load time, never per token): for every op the executor takes the op'
 `meta` device (liac.models: the attribute names are the plan's sublayer names), deep-copies it, points its
 parameters at the tensors the plan placed (an 'hbm' or host arena, or a staging-buffer view when the op streams its
 weights), and swaps its projections for the device's kernels (runtime/kernels.py). Ops that share a module, device
-and weight source share the bound copy. Each op becomes a closure; a pass is
+and weight source share the bound copy. Each op becomes a closure, built by one small function per op kind
+(`STEPS[op.kind]`: embed, qkv, attention fused or score and context apart, the residual projections, up, the LM
+head, and the streaming unit's wait and release); a pass is
 
     for step in program: step(frame)
 
@@ -13,8 +15,9 @@ so tensors cross PCIe only where the plan changes device.
 
 A split op (plan v2: one unit's output features partly on the CPU from DDR, partly on the GPU from staging) binds
 two parts, each the unit's module over its rows of the projection (`_part`), and per join device the unit's
-epilogue (`_post`); its closure hands the CPU part to `CpuWorker`'s thread, launches the GPU part, waits, and joins
-the parts where the schedule says (docs/runtime.md, "Split sublayers").
+epilogue (`_post`); its closure (`_split_step`, with what differs per kind in `SPLIT_KINDS`) hands the CPU part to
+`CpuWorker`'s thread, launches the GPU part, waits, and joins the parts where the schedule says (docs/runtime.md,
+"Split sublayers").
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -32,10 +36,10 @@ from liac.models.layers import rope_inv_freq
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
-from liac.runtime.schedule import MODULE_OF, Op, Schedule, part_rows
+from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor", "CpuWorker"]
+__all__ = ["Frame", "Executor", "CpuWorker", "STEPS", "SPLIT_KINDS"]
 
 
 class Frame:
@@ -110,7 +114,7 @@ class Executor:
         self.arange = {d: torch.arange(positions, device=backend.devices[d]) for d in self.devices}
         splits = any(op.split is not None for sched in schedule.phases.values() for op in sched.ops)
         self.worker = CpuWorker(torch.get_num_threads()) if splits else None
-        self._part_seconds: list | None = None  # profiling: (cpu s, gpu start event, end event, launch s) per split
+        self._part_seconds: list[_PartTiming] | None = None  # profiling: one record per split op
         self.programs = {}
         for phase, sched in schedule.phases.items():
             units = {u.index: u for u in sched.units}
@@ -205,157 +209,13 @@ class Executor:
             module.inv_freq = rope_inv_freq(self.cfg, device=self.backend.devices[device])
         return module.eval()
 
-    # -- ops → closures -----------------------------------------------------------------------------------------
-    def _compile(self, op: Op, unit):
-        kind, dev, layer = op.kind, op.device, op.layer
-        streamer, kv, transfer = self.streamer, self.kv, self.backend.transfer
-        if kind == "wait":
-            return lambda frame: streamer.wait(op.unit)
-        if kind == "release":
-            return lambda frame: streamer.release(op.unit)
-        pre = tuple((m.value, m.src, m.dst) for m in op.moves if m.value != "next")
+    # -- ops → steps: one small function per op kind (STEPS, below the class) ----------------------------------------
+    def _compile(self, op: Op, unit: StreamUnit | None) -> Step:
         if op.split is not None:
-            return self._compile_split(op, unit, pre)
-        module = self._module(op, unit)
-        post = tuple((m.value, m.src, m.dst) for m in op.moves if m.value == "next")
-
-        def move(vals, moves):
-            for value, src, dst in moves:
-                vals[value][dst] = transfer(vals[value][src], dst, value)
-
-        def kv_operand(frame, which):
-            # attention's K or V [B, G, C, E] by the schedule's read mode
-            if op.kv_read == "fresh":
-                return frame.vals[which][dev]
-            if op.kv_read == "cache":
-                return kv.view(layer, which, frame.batch, frame.start + frame.length)
-            return kv.write_window(windows[which], frame.vals[which][dev], frame.start)
-
-        windows = {which: streamer.window(unit, which) for which, _ in unit.kv} if op.kv_read == "window" else {}
-
-        if kind == "embed" and op.gather:
-            transfers = self.backend.transfers
-
-            def step(frame):
-                move(frame.vals, pre)
-                rows = module(frame.vals["ids"]["cpu"], frame.pos["cpu"])  # [B, Q, D] gathered from the host table
-                transfers.streamed_bytes += rows.numel() * rows.element_size()
-                frame.vals["x"] = {"gpu": transfer(rows, "gpu", "embed")}
-        elif kind == "embed":
-            def step(frame):
-                move(frame.vals, pre)
-                frame.vals["x"] = {dev: module(frame.vals["ids"][dev], frame.pos[dev])}
-        elif kind == "qkv":
-            crosses = op.kv_write_crosses
-
-            def step(frame):
-                vals = frame.vals
-                move(vals, pre)
-                q, k, v = module(vals["x"][dev], frame.pos[dev])  # [B, H, Q, E], [B, G, Q, E] ×2
-                vals["q"], vals["k"], vals["v"] = {dev: q}, {dev: k}, {dev: v}
-                kv.write(layer, k, v, frame.start, crosses)
-        elif kind == "attn":
-            def step(frame):
-                vals = frame.vals
-                move(vals, pre)
-                vals["o"] = {dev: module(vals["q"][dev], kv_operand(frame, "k"), kv_operand(frame, "v"))}
-        elif kind in ("score", "context") and dev == "cpu" and op.kv_read == "cache":
-            # score and context apart on the CPU over the cache: batched matmuls over a strided slice of the cache
-            # run ~5x slower than over its whole (contiguous) capacity, which score cuts and context zero-weights
-            def step(frame):
-                move(frame.vals, pre)
-                vals = frame.vals
-                if kind == "score":
-                    keys = kv.capacity(layer, "k", frame.batch)
-                    vals["p"] = {dev: module.score(vals["q"][dev], keys, frame.start + frame.length)}
-                else:
-                    vals["o"] = {dev: module.context(vals["p"][dev], kv.capacity(layer, "v", frame.batch))}
-        elif kind == "score":
-            def step(frame):
-                move(frame.vals, pre)
-                frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], kv_operand(frame, "k"))}
-        elif kind == "context":
-            def step(frame):
-                move(frame.vals, pre)
-                frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], kv_operand(frame, "v"))}
-        elif kind == "out_proj" or kind == "down":
-            source = "o" if kind == "out_proj" else "h"
-
-            def step(frame):
-                vals = frame.vals
-                move(vals, pre)
-                vals["x"] = {dev: module(vals[source][dev], vals["x"][dev])}
-        elif kind == "up":
-            def step(frame):
-                move(frame.vals, pre)
-                frame.vals["h"] = {dev: module(frame.vals["x"][dev])}
-        elif kind == "lm_head":
-            def step(frame):
-                vals = frame.vals
-                move(vals, pre)
-                logits = module(vals["x"][dev][:, -1:])[:, -1]  # only the last position picks the next token
-                frame.logits = logits                            # [B, vocab]
-                vals["next"] = {dev: logits.argmax(-1, keepdim=True)}  # greedy, [B, 1]
-                move(vals, post)
-        else:
-            raise ValueError(f"unknown op kind '{kind}'")
-        return step
-
-    def _compile_split(self, op: Op, unit, pre):
-        """A split op: the CPU part in the worker thread while the GPU part is launched, then on each merge device
-        the parts joined (the other device's part crosses PCIe) and the unit's epilogue run."""
-        kind, layer, split = op.kind, op.layer, op.split
-        cpu_part, gpu_part = self._part(op, unit, "cpu"), self._part(op, unit, "gpu")
-        posts = {device: self._post(op, device) for device in split.merge_on}
-        stage = _activated if kind in ("up", "lm_head") else _projected
-        source = {"qkv": "x", "out_proj": "o", "up": "x", "down": "h", "lm_head": "x"}[kind]
-        worker, transfer, kv, backend = self.worker, self.backend.transfer, self.kv, self.backend
-        merge_on, writer, crosses = split.merge_on, op.kv_writer, op.kv_write_crosses
-        executor = self
-
-        def move(vals):
-            for value, src, dst in pre:
-                vals[value][dst] = transfer(vals[value][src], dst, value)
-
-        def step(frame):
-            vals = frame.vals
-            move(vals)
-            x_cpu, x_gpu = vals[source]["cpu"], vals[source]["gpu"]
-            if kind == "lm_head":  # only the last position picks the next token
-                x_cpu, x_gpu = x_cpu[:, -1:], x_gpu[:, -1:]
-            pending = worker.submit(stage, cpu_part, x_cpu)
-            timed = executor._part_seconds  # a list only in the profiling pass
-            if timed is not None:
-                began, start = time.perf_counter(), backend.timing_event()
-                start.record()
-            y_gpu = stage(gpu_part, x_gpu)  # on CUDA: launched, runs while the CPU part computes
-            if timed is not None:
-                end = backend.timing_event()
-                end.record()
-                launched = time.perf_counter() - began
-            y_cpu, cpu_seconds = pending.result()
-            if timed is not None:
-                timed.append((cpu_seconds, start, end, launched))
-            out: dict[str, dict[str, torch.Tensor]] = {}
-            for device in merge_on:
-                merged = torch.cat((y_cpu if device == "cpu" else transfer(y_cpu, device, "merge"),
-                                    y_gpu if device == "gpu" else transfer(y_gpu, device, "merge")), dim=-1)
-                post = posts[device]
-                if kind == "qkv":
-                    for value, tensor in zip("qkv", post(merged, frame.pos[device])):
-                        out.setdefault(value, {})[device] = tensor
-                elif kind in ("out_proj", "down"):
-                    out.setdefault("x", {})[device] = post(merged, vals["x"][device])
-                elif kind == "up":
-                    out.setdefault("h", {})[device] = merged
-                else:
-                    logits = merged[:, -1]
-                    frame.logits = logits
-                    out.setdefault("next", {})[device] = logits.argmax(-1, keepdim=True)
-            vals.update(out)
-            if kind == "qkv":
-                kv.write(layer, out["k"][writer], out["v"][writer], frame.start, crosses)
-        return step
+            return _split_step(self, op, unit)
+        if op.kind not in STEPS:
+            raise ValueError(f"unknown op kind '{op.kind}'")
+        return STEPS[op.kind](self, op, unit)
 
     def close(self) -> None:
         """Stop the worker thread (the engine is closing)."""
@@ -388,14 +248,269 @@ class Executor:
             key = (op.group, op.sublayers, phase, op.device) if op.sublayers else (op.group, (op.kind,), phase, "gpu")
             timings.setdefault(key, []).append(time.perf_counter() - begin)
             if op.split is not None:
-                (cpu_seconds, start, end, launched), = self._part_seconds
+                (part,) = self._part_seconds
                 self._part_seconds = None
                 # CUDA: the GPU part's own time from events; emulated: it ran synchronously in the launch
-                gpu_seconds = start.elapsed_time(end) / 1e3 if self.backend.name == "cuda" else launched
-                timings.setdefault(key[:3] + ("split:cpu",), []).append(cpu_seconds)
+                gpu_seconds = part.start.elapsed_time(part.end) / 1e3 if self.backend.name == "cuda" else part.launched
+                timings.setdefault(key[:3] + ("split:cpu",), []).append(part.cpu_seconds)
                 timings.setdefault(key[:3] + ("split:gpu",), []).append(gpu_seconds)
         return frame
 
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""
         self.streamer.prime(self.units["decode"], batch, start)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps: for each op kind, a function (executor, op, its streaming unit) → the closure the pass loop calls. Each
+# closure first runs the op's moves (the activations it reads that sit on the other device), then computes.
+
+Step = Callable[[Frame], None]
+
+
+def _moves_before(op: Op) -> tuple[Move, ...]:
+    return tuple(m for m in op.moves if m.value != "next")
+
+
+def _moves_after(op: Op) -> tuple[Move, ...]:
+    """The greedy token's move to the next step's embedding device (the LM head's only)."""
+    return tuple(m for m in op.moves if m.value == "next")
+
+
+def _run_moves(transfer, vals: dict, moves: tuple[Move, ...]) -> None:
+    for move in moves:
+        vals[move.value][move.dst] = transfer(vals[move.value][move.src], move.dst, move.value)
+
+
+def _kv_reader(ex: Executor, op: Op, unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:
+    """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the cache in
+    place, or the cache's window in the staging buffer with this step's K or V written into it."""
+    dev, layer, kv = op.device, op.layer, ex.kv
+    if op.kv_read == "fresh":
+        return lambda frame: frame.vals[which][dev]
+    if op.kv_read == "cache":
+        return lambda frame: kv.view(layer, which, frame.batch, frame.start + frame.length)
+    window = ex.streamer.window(unit, which)
+    return lambda frame: kv.write_window(window, frame.vals[which][dev], frame.start)
+
+
+def _wait_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    streamer = ex.streamer
+    return lambda frame: streamer.wait(op.unit)
+
+
+def _release_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    streamer = ex.streamer
+    return lambda frame: streamer.release(op.unit)
+
+
+def _embed_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    if op.gather:
+        transfers = ex.backend.transfers
+
+        def gather(frame: Frame) -> None:
+            _run_moves(transfer, frame.vals, pre)
+            rows = module(frame.vals["ids"]["cpu"], frame.pos["cpu"])  # [B, Q, D] gathered from the host table
+            transfers.streamed_bytes += rows.numel() * rows.element_size()
+            frame.vals["x"] = {"gpu": transfer(rows, "gpu", "embed")}
+        return gather
+
+    def step(frame: Frame) -> None:
+        _run_moves(transfer, frame.vals, pre)
+        frame.vals["x"] = {dev: module(frame.vals["ids"][dev], frame.pos[dev])}
+    return step
+
+
+def _qkv_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, pre, transfer, kv = ex._module(op, unit), _moves_before(op), ex.backend.transfer, ex.kv
+    dev, layer, crosses = op.device, op.layer, op.kv_write_crosses
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        q, k, v = module(vals["x"][dev], frame.pos[dev])  # [B, H, Q, E], [B, G, Q, E] ×2
+        vals["q"], vals["k"], vals["v"] = {dev: q}, {dev: k}, {dev: v}
+        kv.write(layer, k, v, frame.start, crosses)
+    return step
+
+
+def _attention_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    """Score and context fused (SDPA) on one device."""
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    keys, values = _kv_reader(ex, op, unit, "k"), _kv_reader(ex, op, unit, "v")
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        vals["o"] = {dev: module(vals["q"][dev], keys(frame), values(frame))}
+    return step
+
+
+def _over_cpu_cache(op: Op) -> bool:
+    """Score and context apart on the CPU over the cache: batched matmuls over a strided slice of the cache run ~5x
+    slower than over its whole (contiguous) capacity, which score cuts and context zero-weights."""
+    return op.device == "cpu" and op.kv_read == "cache"
+
+
+def _score_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    if _over_cpu_cache(op):
+        kv, layer = ex.kv, op.layer
+
+        def over_capacity(frame: Frame) -> None:
+            _run_moves(transfer, frame.vals, pre)
+            keys = kv.capacity(layer, "k", frame.batch)
+            frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys, frame.start + frame.length)}
+        return over_capacity
+    keys = _kv_reader(ex, op, unit, "k")
+
+    def step(frame: Frame) -> None:
+        _run_moves(transfer, frame.vals, pre)
+        frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys(frame))}
+    return step
+
+
+def _context_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    if _over_cpu_cache(op):
+        kv, layer = ex.kv, op.layer
+
+        def over_capacity(frame: Frame) -> None:
+            _run_moves(transfer, frame.vals, pre)
+            frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], kv.capacity(layer, "v", frame.batch))}
+        return over_capacity
+    values = _kv_reader(ex, op, unit, "v")
+
+    def step(frame: Frame) -> None:
+        _run_moves(transfer, frame.vals, pre)
+        frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], values(frame))}
+    return step
+
+
+def _residual_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    """out_proj (reads the attention output 'o') and down (the FFN hidden 'h'): projection plus the residual."""
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    source = "o" if op.kind == "out_proj" else "h"
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        vals["x"] = {dev: module(vals[source][dev], vals["x"][dev])}
+    return step
+
+
+def _up_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+
+    def step(frame: Frame) -> None:
+        _run_moves(transfer, frame.vals, pre)
+        frame.vals["h"] = {dev: module(frame.vals["x"][dev])}
+    return step
+
+
+def _lm_head_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    module, transfer, dev = ex._module(op, unit), ex.backend.transfer, op.device
+    pre, post = _moves_before(op), _moves_after(op)
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        logits = module(vals["x"][dev][:, -1:])[:, -1]  # only the last position picks the next token
+        frame.logits = logits                            # [B, vocab]
+        vals["next"] = {dev: logits.argmax(-1, keepdim=True)}  # greedy, [B, 1]
+        _run_moves(transfer, vals, post)
+    return step
+
+
+STEPS: dict[str, Callable[[Executor, Op, StreamUnit | None], Step]] = {
+    "wait": _wait_step, "release": _release_step, "embed": _embed_step, "qkv": _qkv_step, "attn": _attention_step,
+    "score": _score_step, "context": _context_step, "out_proj": _residual_step, "up": _up_step,
+    "down": _residual_step, "lm_head": _lm_head_step,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Split ops: the CPU part in the worker thread while the GPU part is launched, then on each merge device the parts
+# joined (the other device's part crosses PCIe) and the unit's epilogue run.
+
+
+def _join_qkv(post: nn.Module, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
+    for value, tensor in zip("qkv", post(merged, frame.pos[device])):  # heads and RoPE
+        out.setdefault(value, {})[device] = tensor
+
+
+def _join_residual(post: nn.Module, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
+    out.setdefault("x", {})[device] = post(merged, frame.vals["x"][device])
+
+
+def _join_up(post: None, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
+    out.setdefault("h", {})[device] = merged  # the parts are already activated
+
+
+def _join_head(post: None, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
+    logits = merged[:, -1]
+    frame.logits = logits
+    out.setdefault("next", {})[device] = logits.argmax(-1, keepdim=True)
+
+
+class _SplitKind(NamedTuple):
+    """How one kind of split op runs: the value its parts read, how a part computes, how the parts join."""
+
+    source: str
+    part: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    join: Callable[..., None]
+
+
+SPLIT_KINDS: dict[str, _SplitKind] = {
+    "qkv": _SplitKind("x", _projected, _join_qkv), "out_proj": _SplitKind("o", _projected, _join_residual),
+    "up": _SplitKind("x", _activated, _join_up), "down": _SplitKind("h", _projected, _join_residual),
+    "lm_head": _SplitKind("x", _activated, _join_head),
+}
+
+
+class _PartTiming(NamedTuple):
+    """The profiling pass's record of one split op: the CPU part's seconds in the worker, the GPU part's events, and
+    the seconds its launch took on the main thread."""
+
+    cpu_seconds: float
+    start: object
+    end: object
+    launched: float
+
+
+def _split_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+    kind, layer, split = SPLIT_KINDS[op.kind], op.layer, op.split
+    cpu_part, gpu_part = ex._part(op, unit, "cpu"), ex._part(op, unit, "gpu")
+    posts = {device: ex._post(op, device) for device in split.merge_on}
+    pre, transfer, kv, backend, worker = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend, ex.worker
+    merge_on, writer, crosses, last_only = split.merge_on, op.kv_writer, op.kv_write_crosses, op.kind == "lm_head"
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        x_cpu, x_gpu = vals[kind.source]["cpu"], vals[kind.source]["gpu"]
+        if last_only:  # only the last position picks the next token
+            x_cpu, x_gpu = x_cpu[:, -1:], x_gpu[:, -1:]
+        pending = worker.submit(kind.part, cpu_part, x_cpu)
+        timed = ex._part_seconds  # a list only in the profiling pass
+        if timed is not None:
+            began, start = time.perf_counter(), backend.timing_event()
+            start.record()
+        y_gpu = kind.part(gpu_part, x_gpu)  # on CUDA: launched, runs while the CPU part computes
+        if timed is not None:
+            end = backend.timing_event()
+            end.record()
+            launched = time.perf_counter() - began
+        y_cpu, cpu_seconds = pending.result()
+        if timed is not None:
+            timed.append(_PartTiming(cpu_seconds, start, end, launched))
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for device in merge_on:
+            merged = torch.cat((y_cpu if device == "cpu" else transfer(y_cpu, device, "merge"),
+                                y_gpu if device == "gpu" else transfer(y_gpu, device, "merge")), dim=-1)
+            kind.join(posts[device], merged, frame, device, out)
+        vals.update(out)
+        if op.kind == "qkv":
+            kv.write(layer, out["k"][writer], out["v"][writer], frame.start, crosses)
+    return step
