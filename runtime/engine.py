@@ -16,6 +16,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -75,6 +76,33 @@ def resolve_plan(plan: OffloadPlan | str | os.PathLike) -> tuple[OffloadPlan, st
     return plan, source
 
 
+@dataclass(frozen=True)
+class _Options:
+    """`Engine.from_plan`'s keyword arguments, as the constructor of each weight source takes them."""
+
+    emulate_gpu: bool | None
+    backend: Backend | None
+    dtype: torch.dtype | None
+    progress: bool
+    stream_log: list | None
+    cpu_kernel: str
+
+
+def _plan_dtype(plan: OffloadPlan) -> torch.dtype:
+    """The dtype the plan's model is stored and computed in (bf16 unless its config says otherwise)."""
+    return _DTYPES.get(plan.model_config.dtype, torch.bfloat16)
+
+
+def _scheduled(plan: OffloadPlan, source: str, backend: Backend, dtype: torch.dtype) -> Schedule:
+    """The plan resolved for a run in `dtype` on `backend`, which must have a GPU if any sublayer is on one."""
+    schedule = build_schedule(plan, torch.empty((), dtype=dtype).element_size(), source)
+    if schedule.uses_gpu and backend.devices["gpu"] is None:
+        raise LiacError(source, "must be 'cpu' on this host: no CUDA device is available (run it on a GPU "
+                                "machine, or use the CPU-backed test mode: --emulate-gpu / LIAC_EMULATE_GPU=1)",
+                        path=_first_gpu_sublayer(plan))
+    return schedule
+
+
 def _first_gpu_sublayer(plan: OffloadPlan) -> str:
     for g_index, group in enumerate(plan.spec.layer_groups):
         for s_index, sub in enumerate(group.sublayers):
@@ -96,7 +124,7 @@ class Engine:
         self.notes = notes
         self.cfg = plan.model_config
         self.shared = shared                            # the HostWeights this engine's host tensors view
-        self.shared_bytes = shared_bytes or {"hbm": 0, "ddr": 0, "cxl": 0}  # per planned tier, served by `shared`
+        self.shared_bytes = shared_bytes or {tier: 0 for tier in TIERS}  # per planned tier, served by `shared`
         self.cpu_linear = cpu_linear                    # (small-M CPU kernel, measured GB/s or None)
         self.build_seconds = build_seconds
         self.closed = False
@@ -124,39 +152,75 @@ class Engine:
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
         """
+        options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel)
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
-        cfg = plan.model_config
-        ckpt = None
-        shared = weights if isinstance(weights, HostWeights) else None
-        if shared is not None:
-            if shared.cfg.sha256() != plan.spec.model.config_sha256:
-                raise LiacError(source, f"must be a plan for the shared weights' model '{shared.cfg.name}' (its "
-                                f"architecture hashes to '{shared.cfg.sha256()[:12]}…'), got one for "
-                                f"'{plan.spec.model.name}'", path="spec.model.config_sha256")
-            if dtype is not None and dtype != shared.dtype:
-                raise LiacError("dtype", f"must be the shared weights' {shared.dtype}, got {dtype}")
-            dtype = shared.dtype
-            backend = backend or shared.backend
-        elif not isinstance(weights, RandomWeights):
-            ckpt = Checkpoint.open(weights)
-            found = ckpt.config()
-            if found.sha256() != plan.spec.model.config_sha256:
-                raise LiacError(str(Path(weights) / "config.json"), f"architecture hashes to '{found.sha256()[:12]}…'"
-                                f": must be '{plan.spec.model.config_sha256[:12]}…', the model the plan was compiled "
-                                f"for ('{plan.spec.model.name}')")
-        dtype = dtype or _DTYPES.get(cfg.dtype, torch.bfloat16)
+        if isinstance(weights, HostWeights):
+            return cls._from_host_weights(plan, source, weights, options, began)
+        if isinstance(weights, RandomWeights):
+            return cls._from_random(plan, source, weights, options, began)
+        return cls._from_checkpoint(plan, source, weights, options, began)
+
+    # -- one constructor per weight source: each checks what it must, then `_assemble` places the model ------------
+    @classmethod
+    def _from_checkpoint(cls, plan: OffloadPlan, source: str, path: str | os.PathLike, options: _Options,
+                         began: float) -> "Engine":
+        """A HF checkpoint directory: its architecture must be the plan's, and every tensor the schedule needs must
+        be there with its shape (headers only) before anything is allocated; then read into the tiers."""
+        ckpt = Checkpoint.open(path)
+        found = ckpt.config()
+        if found.sha256() != plan.spec.model.config_sha256:
+            raise LiacError(str(Path(path) / "config.json"), f"architecture hashes to '{found.sha256()[:12]}…'"
+                            f": must be '{plan.spec.model.config_sha256[:12]}…', the model the plan was compiled "
+                            f"for ('{plan.spec.model.name}')")
+        dtype = options.dtype or _plan_dtype(plan)
+        backend = options.backend or make_backend(options.emulate_gpu)
+        schedule = _scheduled(plan, source, backend, dtype)
+        expected = {p.canonical: p.shape for params in schedule.params.values() for p in params}
+        sources = ckpt.check(expected, plan.model_config)
+
+        def fill(store: WeightStore, own: list[tuple[str, str]], own_bytes: int) -> None:
+            load_checkpoint(ckpt, sources, store, Progress("loading weights", own_bytes, options.progress))
+        return cls._assemble(plan, source, backend, dtype, schedule, options, fill, None, began)
+
+    @classmethod
+    def _from_random(cls, plan: OffloadPlan, source: str, weights: RandomWeights, options: _Options,
+                     began: float) -> "Engine":
+        """Seeded random weights, the same for a model whatever the plan (generated where they are placed)."""
+        dtype = options.dtype or _plan_dtype(plan)
+        backend = options.backend or make_backend(options.emulate_gpu)
+        schedule = _scheduled(plan, source, backend, dtype)
+
+        def fill(store: WeightStore, own: list[tuple[str, str]], own_bytes: int) -> None:
+            device = backend.devices["gpu"] if backend.name == "cuda" else torch.device("cpu")
+            fill_random(store, weights.seed, device, Progress("random weights", own_bytes, options.progress))
+        return cls._assemble(plan, source, backend, dtype, schedule, options, fill, None, began)
+
+    @classmethod
+    def _from_host_weights(cls, plan: OffloadPlan, source: str, shared: HostWeights, options: _Options,
+                           began: float) -> "Engine":
+        """HostWeights shared with other engines: the same model and dtype; their host copies serve this plan's host
+        tiers in place, their backend runs it, and only the other copies ('hbm', 'cxl' on a CXL node) are made."""
+        if shared.cfg.sha256() != plan.spec.model.config_sha256:
+            raise LiacError(source, f"must be a plan for the shared weights' model '{shared.cfg.name}' (its "
+                            f"architecture hashes to '{shared.cfg.sha256()[:12]}…'), got one for "
+                            f"'{plan.spec.model.name}'", path="spec.model.config_sha256")
+        if options.dtype is not None and options.dtype != shared.dtype:
+            raise LiacError("dtype", f"must be the shared weights' {shared.dtype}, got {options.dtype}")
+        backend = options.backend or shared.backend
+        schedule = _scheduled(plan, source, backend, shared.dtype)
+
+        def fill(store: WeightStore, own: list[tuple[str, str]], own_bytes: int) -> None:
+            _copy_from_shared(shared, store, own, Progress("copying weights", own_bytes, options.progress))
+        return cls._assemble(plan, source, backend, shared.dtype, schedule, options, fill, shared, began)
+
+    @classmethod
+    def _assemble(cls, plan: OffloadPlan, source: str, backend: Backend, dtype: torch.dtype, schedule: Schedule,
+                  options: _Options, fill: Callable[[WeightStore, list[tuple[str, str]], int], None],
+                  shared: HostWeights | None, began: float) -> "Engine":
+        """The weights checked: place CXL, check the host, allocate the arenas, put every weight in its tier (`fill`
+        writes the ones this engine owns), then the KV cache, the staging buffers and the executor."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        backend = backend or make_backend(emulate_gpu)
-        schedule = build_schedule(plan, itemsize, source)
-        if schedule.uses_gpu and backend.devices["gpu"] is None:
-            raise LiacError(source, "must be 'cpu' on this host: no CUDA device is available (run it on a GPU "
-                                    "machine, or use the CPU-backed test mode: --emulate-gpu / LIAC_EMULATE_GPU=1)",
-                            path=_first_gpu_sublayer(plan))
-        sources = None
-        if ckpt is not None:
-            expected = {p.canonical: p.shape for params in schedule.params.values() for p in params}
-            sources = ckpt.check(expected, cfg)
         cxl = plan_cxl_placement(read_nodes(), schedule.tier_bytes["cxl"], libnuma() is not None)
         notes = [cxl.note] if cxl.note and cxl.node is None else []
         if backend.emulated:
@@ -165,7 +229,7 @@ class Engine:
         # With shared HostWeights, the tiers that are host memory here ('ddr', and 'cxl' without a CXL node) are
         # views of the shared arena: this engine allocates and fills only the other copies.
         in_shared = {"hbm": False, "ddr": shared is not None, "cxl": shared is not None and cxl.node is None}
-        shared_bytes = {"hbm": 0, "ddr": 0, "cxl": 0}
+        shared_bytes = {tier: 0 for tier in TIERS}
         for canonical, tiers in schedule.weight_tiers.items():
             for tier in tiers:
                 if in_shared[tier]:
@@ -183,19 +247,12 @@ class Engine:
                     store.add(canonical, tier, shared.tensor(canonical) if in_shared[tier]
                               else memory.take(tier, shapes[canonical], dtype))
             own = [(c, t) for c, tiers in sorted(schedule.weight_tiers.items()) for t in tiers if not in_shared[t]]
-            own_bytes = sum(store(c, t).numel() * itemsize for c, t in own)
-            if shared is not None:
-                _copy_from_shared(shared, store, own, Progress("copying weights", own_bytes, progress))
-            elif ckpt is not None:
-                load_checkpoint(ckpt, sources, store, Progress("loading weights", own_bytes, progress))
-            else:
-                device = backend.devices["gpu"] if backend.name == "cuda" else torch.device("cpu")
-                fill_random(store, weights.seed, device, Progress("random weights", own_bytes, progress))
-            cpu_linear = choose_cpu_linear(_cpu_weights(schedule, store), cpu_kernel)
+            fill(store, own, sum(store(c, t).numel() * itemsize for c, t in own))
+            cpu_linear = choose_cpu_linear(_cpu_weights(schedule, store), options.cpu_kernel)
             kv = KVCache(backend, memory, schedule.kv_tiers, schedule.kv_shape, dtype)
             buffers = [memory.take("hbm", (schedule.buffer_bytes,), torch.uint8) for _ in range(schedule.buffers)]
-            streamer = Streamer(backend, buffers, store, kv, dtype, stream_log)
-            executor = Executor(backend, schedule, cfg, dtype, store, kv, streamer, cpu_linear[0])
+            streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
+            executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0])
             backend.synchronize()
         except torch.cuda.OutOfMemoryError as e:
             raise LiacError("host", "CUDA out of memory while placing the model: the plan does not fit this GPU "
@@ -307,7 +364,7 @@ class Engine:
         self._open()
         reserved = self.memory.reserved_bytes()
         placed = {tier: self.memory.placed_in(tier) for tier in TIERS}
-        shared = {"hbm": 0, "ddr": 0, "cxl": 0}
+        shared = {tier: 0 for tier in TIERS}
         for tier, nbytes in self.shared_bytes.items():
             shared[placed[tier]] += nbytes  # 'cxl' served from DDR counts where it really is
         planned = self.plan.spec.memory

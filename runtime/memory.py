@@ -16,6 +16,7 @@ import weakref
 import torch
 
 from liac.errors import LiacError
+from liac.plan import TIERS
 from liac.runtime.backend import Backend
 from liac.runtime.numa import CxlPlacement, numa_empty
 from liac.sizes import GIB, numel
@@ -102,7 +103,7 @@ class TierMemory:
 
     def reserved_bytes(self) -> dict[str, int]:
         """Bytes allocated per physical tier."""
-        out = {"hbm": 0, "ddr": 0, "cxl": 0}
+        out = {tier: 0 for tier in TIERS}
         for arena in {id(a): a for a in self.arenas.values()}.values():
             out[arena.tier] += arena.capacity_bytes
         return out

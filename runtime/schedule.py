@@ -29,7 +29,7 @@ import torch
 from liac.errors import LiacError
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
-from liac.plan import HOST_TIERS, PHASES, OffloadPlan
+from liac.plan import HOST_TIERS, PHASES, TIERS, OffloadPlan
 from liac.runtime.memory import HOME, aligned
 from liac.sizes import numel
 
@@ -482,7 +482,7 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
         buffer_bytes = aligned(max(staging, max(u.padded_bytes for u in units)))
 
     weight_tiers: dict[str, list[str]] = {}
-    tier_bytes = {"hbm": 0, "ddr": 0, "cxl": 0}
+    tier_bytes = {tier: 0 for tier in TIERS}
     for group in spec.layer_groups:
         for sub in group.sublayers:
             if sub.weights == "none":
