@@ -12,7 +12,7 @@ only code that combines those numbers for a placement (docs/cost-model.md):
                    candidate with it (`LayerTime`)
     unit_times     the same terms per unit, as `status.predicted.sublayers` reports them (`UnitTime`)
     price_groups   a plan's layer groups on a CostGraph → `PlanPrice`: what `emit_plan` writes into `status.predicted`
-    price_plan     a plan alone → its `PlanPrice`, the CostGraph rebuilt from `spec` (`liac explain`, `liac calibrate`)
+    price_plan     a plan alone → its `PlanPrice`, the CostGraph rebuilt from `spec` (explain, calibrate)
 
 Everyone who needs a price calls here: the ILP (passes/ilp.py), `emit_plan`, `liac explain` (the per-unit prices
 and the flip test, `PlanPrice.alternatives`) and `liac calibrate` (predictions under scaled profiles). A change to

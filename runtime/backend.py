@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -203,13 +204,12 @@ class CudaBackend(Backend):
             # copy_ would stage it in pageable memory (synchronous) and scatter it with one host thread: ~90 ms a
             # layer for a 4096-token prefill on the H200 machine. One cudaMemcpy2DAsync from a contiguous copy
             # on the GPU instead (stream-ordered, so the temporary lives until the copy has run).
-            rows = _row_layout(dst)
-            if rows is not None:
+            layout = _row_layout(dst)
+            if layout is not None:
                 src = src.contiguous()
-                count, length, pitch = rows
                 itemsize = src.element_size()
-                if _memcpy_2d(dst.data_ptr(), pitch * itemsize, src.data_ptr(), length * itemsize,
-                              length * itemsize, count, _DEVICE_TO_HOST):
+                if _memcpy_2d(dst.data_ptr(), layout.pitch * itemsize, src.data_ptr(), layout.length * itemsize,
+                              layout.length * itemsize, layout.rows, _DEVICE_TO_HOST):
                     return
         dst.copy_(src, non_blocking=dst.is_pinned() or src.is_pinned())
 
@@ -315,21 +315,29 @@ def _memcpy_2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, h
     return False
 
 
-def _row_layout(tensor: torch.Tensor) -> tuple[int, int, int] | None:
-    """(rows, length, pitch) in elements when `tensor` is `rows` runs of `length` contiguous elements that start
-    `pitch` apart (e.g. [B, G, Q, E] of a [B, G, C, E] cache: B·G runs of Q·E, pitch C·E); None otherwise."""
+class _RowLayout(NamedTuple):
+    """`rows` runs of `length` contiguous elements that start `pitch` elements apart."""
+
+    rows: int
+    length: int
+    pitch: int
+
+
+def _row_layout(tensor: torch.Tensor) -> _RowLayout | None:
+    """The row layout of `tensor` when it is one (e.g. [B, G, Q, E] of a [B, G, C, E] cache: B·G runs of Q·E, pitch
+    C·E), else None."""
     dims = [(size, stride) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1]
     length = 1
     while dims and dims[-1][1] == length:  # the contiguous tail: one run
         length *= dims.pop()[0]
     if not dims:
-        return 1, length, length
+        return _RowLayout(1, length, length)
     rows, pitch = dims[-1][0], dims[-1][1]
     for size, stride in reversed(dims[:-1]):  # the leading dims must collapse into one evenly strided index
         if stride != pitch * rows:
             return None
         rows *= size
-    return rows, length, pitch
+    return _RowLayout(rows, length, pitch)
 
 
 def _clear_cuda_error() -> None:

@@ -6,7 +6,7 @@ parameters at the tensors the plan placed (an 'hbm' or host arena, or a staging-
 weights), and swaps its projections for the device's kernels (runtime/kernels.py). Ops that share a module, device
 and weight source share the bound copy. Each op becomes a closure, built by one small function per op kind
 (`STEPS[op.kind]`: embed, qkv, attention fused or score and context apart, the residual projections, up, the LM
-head, and the streaming unit's wait and release); a pass is
+head, and the stream unit's wait and release); a pass is
 
     for step in program: step(frame)
 
@@ -117,9 +117,9 @@ class Executor:
         self._part_seconds: list[_PartTiming] | None = None  # profiling: one record per split op
         self.programs = {}
         for phase, sched in schedule.phases.items():
-            units = {u.index: u for u in sched.units}
-            self.programs[phase] = [(op, self._compile(op, units.get(op.unit))) for op in sched.ops]
-        self.units = {phase: sched.units for phase, sched in schedule.phases.items()}
+            streams = {s.index: s for s in sched.stream_units}
+            self.programs[phase] = [(op, self._compile(op, streams.get(op.stream_unit))) for op in sched.ops]
+        self.stream_units = {phase: sched.stream_units for phase, sched in schedule.phases.items()}
         embed = [op for op in schedule.phases["decode"].ops if op.kind == "embed"][0]
         self.decode_embed_device = "cpu" if embed.gather else embed.device  # where decode token ids go
         heads = {phase: [op for op in sched.ops if op.kind == "lm_head"][0] for phase, sched in schedule.phases.items()}
@@ -133,12 +133,12 @@ class Executor:
             return getattr(self.templates.layers[op.layer], MODULE_OF[sublayer])
         return getattr(self.templates, MODULE_OF[sublayer])
 
-    def _module(self, op: Op, unit) -> nn.Module:
+    def _module(self, op: Op, stream_unit: StreamUnit | None) -> nn.Module:
         sublayer = op.sublayers[0]
         params = self.schedule.params[(op.layer_class, op.layer, sublayer)]
-        pieces = {piece.param.canonical: piece for piece in unit.weights} if op.streamed else {}
+        pieces = {piece.param.canonical: piece for piece in stream_unit.weights} if op.streamed else {}
         # A streamed module is tied to where its weights sit in the buffer, which differs between phases.
-        source = ("slot", unit.slot, tuple(pieces[p.canonical].offset for p in params)) if op.streamed \
+        source = ("slot", stream_unit.slot, tuple(pieces[p.canonical].offset for p in params)) if op.streamed \
             else ("tier", op.weights)
         compute = "cpu" if op.gather else op.device  # a host-side gather runs the embedding on the host table
         key = (op.layer_class, op.layer, MODULE_OF[sublayer], compute, source)
@@ -147,7 +147,7 @@ class Executor:
         module = copy.deepcopy(self._template(op, sublayer))
         for param in params:
             if op.streamed:
-                tensor = self.streamer.view(unit.slot, pieces[param.canonical].offset, param.shape)
+                tensor = self.streamer.view(stream_unit.slot, pieces[param.canonical].offset, param.shape)
             else:
                 tensor = self.tensors(param.canonical, op.weights)
             _assign(module, param.local, tensor)
@@ -158,7 +158,7 @@ class Executor:
         self._bound[key] = module
         return module
 
-    def _part(self, op: Op, unit, device: str) -> nn.Module:
+    def _part(self, op: Op, stream_unit: StreamUnit | None, device: str) -> nn.Module:
         """The `device` part of a split op: the unit's module over its rows of the projection (norms whole).
 
         The CPU part reads its rows in place in the weights' host tier (contiguous row ranges of the tensor; two
@@ -166,8 +166,8 @@ class Executor:
         copies weights per token."""
         sublayer, split = op.sublayers[0], op.split
         params = self.schedule.params[(op.layer_class, op.layer, sublayer)]
-        pieces = {piece.param.canonical: piece for piece in unit.weights} if device == "gpu" else {}
-        source = ("slot", unit.slot, tuple(pieces[p.canonical].offset for p in params)) if device == "gpu" \
+        pieces = {piece.param.canonical: piece for piece in stream_unit.weights} if device == "gpu" else {}
+        source = ("slot", stream_unit.slot, tuple(pieces[p.canonical].offset for p in params)) if device == "gpu" \
             else ("tier", op.weights)
         key = (op.layer_class, op.layer, MODULE_OF[sublayer], device, source, "part", split.cpu_features)
         if key in self._bound:
@@ -177,7 +177,7 @@ class Executor:
         for param in params:
             if device == "gpu":
                 piece = pieces[param.canonical]
-                parts = [self.streamer.view(unit.slot, piece.offset, piece.shape)]
+                parts = [self.streamer.view(stream_unit.slot, piece.offset, piece.shape)]
             else:
                 host = self.tensors(param.canonical, op.weights)
                 parts = [host[first:first + count]
@@ -210,12 +210,12 @@ class Executor:
         return module.eval()
 
     # -- ops → steps: one small function per op kind (STEPS, below the class) ----------------------------------------
-    def _compile(self, op: Op, unit: StreamUnit | None) -> Step:
+    def _compile(self, op: Op, stream_unit: StreamUnit | None) -> Step:
         if op.split is not None:
-            return _split_step(self, op, unit)
+            return _split_step(self, op, stream_unit)
         if op.kind not in STEPS:
             raise ValueError(f"unknown op kind '{op.kind}'")
-        return STEPS[op.kind](self, op, unit)
+        return STEPS[op.kind](self, op, stream_unit)
 
     def close(self) -> None:
         """Stop the worker thread (the engine is closing)."""
@@ -232,7 +232,7 @@ class Executor:
         frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
         for d in self.devices:
             frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
-        self.streamer.start(self.units[phase], batch, start)
+        self.streamer.start(self.stream_units[phase], batch, start)
         if timings is None:
             for _, step in self.programs[phase]:
                 step(frame)
@@ -258,11 +258,11 @@ class Executor:
 
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""
-        self.streamer.prime(self.units["decode"], batch, start)
+        self.streamer.prime(self.stream_units["decode"], batch, start)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Steps: for each op kind, a function (executor, op, its streaming unit) → the closure the pass loop calls. Each
+# Steps: for each op kind, a function (executor, op, its stream unit) → the closure the pass loop calls. Each
 # closure first runs the op's moves (the activations it reads that sit on the other device), then computes.
 
 Step = Callable[[Frame], None]
@@ -282,7 +282,7 @@ def _run_moves(transfer, vals: dict, moves: tuple[Move, ...]) -> None:
         vals[move.value][move.dst] = transfer(vals[move.value][move.src], move.dst, move.value)
 
 
-def _kv_reader(ex: Executor, op: Op, unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:
+def _kv_reader(ex: Executor, op: Op, stream_unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:
     """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the cache in
     place, or the cache's window in the staging buffer with this step's K or V written into it."""
     dev, layer, kv = op.device, op.layer, ex.kv
@@ -290,22 +290,22 @@ def _kv_reader(ex: Executor, op: Op, unit: StreamUnit | None, which: str) -> Cal
         return lambda frame: frame.vals[which][dev]
     if op.kv_read == "cache":
         return lambda frame: kv.view(layer, which, frame.batch, frame.start + frame.length)
-    window = ex.streamer.window(unit, which)
+    window = ex.streamer.window(stream_unit, which)
     return lambda frame: kv.write_window(window, frame.vals[which][dev], frame.start)
 
 
-def _wait_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+def _wait_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     streamer = ex.streamer
-    return lambda frame: streamer.wait(op.unit)
+    return lambda frame: streamer.wait(op.stream_unit)
 
 
-def _release_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+def _release_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     streamer = ex.streamer
-    return lambda frame: streamer.release(op.unit)
+    return lambda frame: streamer.release(op.stream_unit)
 
 
-def _embed_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+def _embed_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     if op.gather:
         transfers = ex.backend.transfers
 
@@ -322,8 +322,8 @@ def _embed_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _qkv_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, pre, transfer, kv = ex._module(op, unit), _moves_before(op), ex.backend.transfer, ex.kv
+def _qkv_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, pre, transfer, kv = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, ex.kv
     dev, layer, crosses = op.device, op.layer, op.kv_write_crosses
 
     def step(frame: Frame) -> None:
@@ -335,10 +335,10 @@ def _qkv_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _attention_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+def _attention_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     """Score and context fused (SDPA) on one device."""
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
-    keys, values = _kv_reader(ex, op, unit, "k"), _kv_reader(ex, op, unit, "v")
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
+    keys, values = _kv_reader(ex, op, stream_unit, "k"), _kv_reader(ex, op, stream_unit, "v")
 
     def step(frame: Frame) -> None:
         vals = frame.vals
@@ -353,8 +353,8 @@ def _over_cpu_cache(op: Op) -> bool:
     return op.device == "cpu" and op.kv_read == "cache"
 
 
-def _score_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+def _score_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     if _over_cpu_cache(op):
         kv, layer = ex.kv, op.layer
 
@@ -363,7 +363,7 @@ def _score_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
             keys = kv.capacity(layer, "k", frame.batch)
             frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys, frame.start + frame.length)}
         return over_capacity
-    keys = _kv_reader(ex, op, unit, "k")
+    keys = _kv_reader(ex, op, stream_unit, "k")
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
@@ -371,8 +371,8 @@ def _score_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _context_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+def _context_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     if _over_cpu_cache(op):
         kv, layer = ex.kv, op.layer
 
@@ -380,7 +380,7 @@ def _context_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
             _run_moves(transfer, frame.vals, pre)
             frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], kv.capacity(layer, "v", frame.batch))}
         return over_capacity
-    values = _kv_reader(ex, op, unit, "v")
+    values = _kv_reader(ex, op, stream_unit, "v")
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
@@ -388,9 +388,9 @@ def _context_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _residual_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+def _residual_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     """out_proj (reads the attention output 'o') and down (the FFN hidden 'h'): projection plus the residual."""
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     source = "o" if op.kind == "out_proj" else "h"
 
     def step(frame: Frame) -> None:
@@ -400,8 +400,8 @@ def _residual_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _up_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, pre, transfer, dev = ex._module(op, unit), _moves_before(op), ex.backend.transfer, op.device
+def _up_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
@@ -409,8 +409,8 @@ def _up_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
     return step
 
 
-def _lm_head_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
-    module, transfer, dev = ex._module(op, unit), ex.backend.transfer, op.device
+def _lm_head_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    module, transfer, dev = ex._module(op, stream_unit), ex.backend.transfer, op.device
     pre, post = _moves_before(op), _moves_after(op)
 
     def step(frame: Frame) -> None:
@@ -479,9 +479,9 @@ class _PartTiming(NamedTuple):
     launched: float
 
 
-def _split_step(ex: Executor, op: Op, unit: StreamUnit | None) -> Step:
+def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     kind, layer, split = SPLIT_KINDS[op.kind], op.layer, op.split
-    cpu_part, gpu_part = ex._part(op, unit, "cpu"), ex._part(op, unit, "gpu")
+    cpu_part, gpu_part = ex._part(op, stream_unit, "cpu"), ex._part(op, stream_unit, "gpu")
     posts = {device: ex._post(op, device) for device in split.merge_on}
     pre, transfer, kv, backend, worker = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend, ex.worker
     merge_on, writer, crosses, last_only = split.merge_on, op.kv_writer, op.kv_write_crosses, op.kind == "lm_head"

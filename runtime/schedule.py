@@ -8,7 +8,7 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
               other device than its producer (the residual stream included); each value crosses at most once
   * KV        where each layer's cache lives (its group's tier), whether the qkv op's K/V write crosses PCIe,
               and how attention reads it: the fresh K/V (prefill), the cache in place, or a streamed window
-  * streaming units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
+  * stream units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
               is copied into staging buffer i mod (prefetch_depth + 1); a 'wait' op right before the layer's first
               op that reads the buffer and a 'release' op right after its last one bracket the readers only
   * splits    (plan v2) a unit split by output features runs its CPU part from the weights' host tier and its
@@ -23,6 +23,7 @@ output, 'h' FFN hidden, 'next' the greedy token for the following step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -70,7 +71,7 @@ class Op:
     """One step of a phase.
 
     kind: 'embed', 'qkv', 'attn' (fused score + context), 'score', 'context', 'out_proj', 'up', 'down',
-        'lm_head', or 'wait' / 'release' (streaming unit `unit`).
+        'lm_head', or 'wait' / 'release' (of stream unit `stream_unit`).
     device: 'cpu', 'gpu', or 'split' (then `split` says how; its GPU part streams its rows when `streamed`).
     sublayers: plan sublayer names it covers (for metrics).
     weights: the tier of its weights ('none' for attention), `streamed` when it reads them from staging.
@@ -89,9 +90,8 @@ class Op:
     sublayers: tuple[str, ...] = ()
     weights: str = "none"
     streamed: bool = False
-    unit: int = -1
+    stream_unit: int = -1  # the StreamUnit whose staging buffer it reads (-1: none)
     moves: tuple[Move, ...] = ()
-    kv_tier: str = "none"
     kv_read: str = ""
     kv_write_crosses: bool = False
     kv_writer: str = ""
@@ -147,7 +147,7 @@ class StreamUnit:
 class PhaseSchedule:
     phase: str
     ops: tuple[Op, ...]
-    units: tuple[StreamUnit, ...]
+    stream_units: tuple[StreamUnit, ...]
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ def part_rows(unit: str, param: ParamInfo, device: str, cpu_features: int, featu
     return tuple((h + r, n - r) for h in halves)
 
 
-def _layer_specs(plan, cfg, phase, params, group, layer, decode_embed_device) -> list[_Spec]:
+def _layer_specs(cfg, phase, params, group, layer, decode_embed_device) -> list[_Spec]:
     """One layer's ops with devices and values (no moves yet)."""
     placement = {s.name: _placement(s, phase) for s in group.sublayers}
     key = group.layer_class
@@ -333,86 +333,95 @@ def _merge_devices(specs: list[_Spec]) -> None:
             needed.setdefault(value, set()).update(("cpu",) if spec.extra.get("gather") else _parts(spec))
 
 
+class _Streamed(NamedTuple):
+    """A parameter the GPU reads from staging: its host tier and the row blocks (first, count) it copies."""
+
+    param: ParamInfo
+    tier: str
+    rows: tuple[tuple[int, int], ...]
+
+
 def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, kv_window_bytes: int,
            itemsize: int, decode_embed_device: str) -> PhaseSchedule:
     layers = []  # (group, layer, specs)
     for group in plan.spec.layer_groups:
         for layer in range(group.first_layer, group.first_layer + group.layer_count):
-            layers.append((group, layer, _layer_specs(plan, cfg, phase, params, group, layer,
-                                                      decode_embed_device)))
+            layers.append((group, layer, _layer_specs(cfg, phase, params, group, layer, decode_embed_device)))
     _merge_devices([spec for _, _, specs in layers for spec in specs])
 
     ops: list[Op] = []
-    units: list[StreamUnit] = []
+    stream_units: list[StreamUnit] = []
     flow = _Flow()
     flow.produce("ids", "cpu" if phase == "prefill" else decode_embed_device)
     for group, layer, specs in layers:
-        key = (group.layer_class, layer)
-        tiers = {s.name: s.weights for s in group.sublayers}
-        streamed: list[tuple[ParamInfo, str, tuple[tuple[int, int], ...]]] = []
-        kv_stream: list[str] = []  # GPU attention over a host-tier cache reads a window of it from staging
-        for spec in specs:
-            if spec.extra.get("kv_read") == "window":
-                kv_stream += {"attn": ["k", "v"], "score": ["k"], "context": ["v"]}[spec.kind]
-        layer_ops: list[Op] = []
-        for spec in specs:
-            moves: list[Move] = []
-            gather = spec.extra.get("gather", False)
-            if spec.device == "split":
-                for device in ("cpu", "gpu"):
-                    flow.need(spec.gemm_in, device, moves)
-                for device in spec.merge_on:
-                    if spec.residual:
-                        flow.need(spec.residual, device, moves)
-                targets = spec.merge_on
-            else:
-                for value in spec.inputs():
-                    flow.need(value, "cpu" if gather else spec.device, moves)
-                targets = (spec.device,)
-            for value in spec.produces:
-                flow.produce(value, targets[0])
-                flow.where[value].extend(targets[1:])
-            weights = tiers[spec.sublayers[0]]
-            host_weights = weights in HOST_TIERS and not gather
-            split = None
-            if spec.device == "split":
-                split = Split(spec.cpu_features, spec.features, spec.merge_on)
-                streamed.extend((p, weights, part_rows(spec.sublayers[0], p, "gpu", spec.cpu_features,
-                                                       spec.features))
-                                for p in params[(group.layer_class, layer, spec.sublayers[0])])
-            elif spec.device == "gpu" and host_weights:
-                for sub in spec.sublayers:
-                    streamed.extend((p, weights, ((0, p.shape[0]),)) for p in params[(group.layer_class, layer, sub)])
-            kv_writer = ""
-            if spec.kind == "qkv":
-                home = HOME[group.kv_cache]
-                kv_writer = home if home in targets else targets[0]
-            device = "gpu" if gather else spec.device
-            op = Op(spec.kind, group.name, group.layer_class, layer, device, spec.sublayers, weights,
-                    streamed=(spec.device in ("gpu", "split") and host_weights), moves=tuple(moves),
-                    kv_tier=group.kv_cache, kv_read=spec.extra.get("kv_read", ""),
-                    kv_write_crosses=bool(kv_writer) and kv_writer != HOME[group.kv_cache], kv_writer=kv_writer,
-                    gather=gather, split=split)
-            if spec.kind == "lm_head" and spec.device != "split" and decode_embed_device != spec.device:
-                op = _with_moves(op, (Move("next", spec.device, decode_embed_device),))  # to the next embedding
-            layer_ops.append(op)
-        if streamed or kv_stream:
-            unit = _unit(len(units), nbuf, key, streamed, kv_stream, kv_window_bytes, itemsize)
-            units.append(unit)
-            layer_ops = [_with_unit(o, unit.index) if o.streamed or o.kv_read == "window" else o
-                         for o in layer_ops]
-            # Bracket only the ops that read the buffer: a CPU op before them need not wait for the layer's copy
-            # (it overlaps it), and the buffer is handed back to the copy stream as soon as its last reader is done.
-            readers = [at for at, o in enumerate(layer_ops) if o.unit == unit.index]
-            first, last = readers[0], readers[-1]
-            ops.extend(layer_ops[:first])
-            ops.append(Op("wait", group.name, key[0], key[1], "gpu", unit=unit.index))
-            ops.extend(layer_ops[first:last + 1])
-            ops.append(Op("release", group.name, key[0], key[1], "gpu", unit=unit.index))
-            ops.extend(layer_ops[last + 1:])
-        else:
+        streamed: list[_Streamed] = []
+        layer_ops = [_op(spec, group, layer, params, flow, streamed, decode_embed_device) for spec in specs]
+        kv_stream = [which for spec in specs if spec.extra.get("kv_read") == "window"  # GPU attention over a
+                     for which in {"attn": "kv", "score": "k", "context": "v"}[spec.kind]]  # host-tier cache
+        if not (streamed or kv_stream):
             ops.extend(layer_ops)
-    return PhaseSchedule(phase, tuple(ops), tuple(units))
+            continue
+        stream = _stream_unit(len(stream_units), nbuf, (group.layer_class, layer), streamed, kv_stream,
+                              kv_window_bytes, itemsize)
+        stream_units.append(stream)
+        ops.extend(_bracketed(layer_ops, stream, group.name))
+    return PhaseSchedule(phase, tuple(ops), tuple(stream_units))
+
+
+def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Streamed],
+        decode_embed_device: str) -> Op:
+    """One op: the moves that bring its inputs to its device(s), where its outputs now are, the parameters it reads
+    from staging (added to `streamed`), and where its K, V are written."""
+    moves: list[Move] = []
+    gather = spec.extra.get("gather", False)
+    if spec.device == "split":
+        for device in ("cpu", "gpu"):
+            flow.need(spec.gemm_in, device, moves)
+        for device in spec.merge_on:
+            if spec.residual:
+                flow.need(spec.residual, device, moves)
+        targets = spec.merge_on
+    else:
+        for value in spec.inputs():
+            flow.need(value, "cpu" if gather else spec.device, moves)
+        targets = (spec.device,)
+    for value in spec.produces:
+        flow.produce(value, targets[0])
+        flow.where[value].extend(targets[1:])
+    weights = {s.name: s.weights for s in group.sublayers}[spec.sublayers[0]]
+    host_weights = weights in HOST_TIERS and not gather
+    split = None
+    if spec.device == "split":
+        split = Split(spec.cpu_features, spec.features, spec.merge_on)
+        streamed.extend(_Streamed(p, weights, part_rows(spec.sublayers[0], p, "gpu", spec.cpu_features, spec.features))
+                        for p in params[(group.layer_class, layer, spec.sublayers[0])])
+    elif spec.device == "gpu" and host_weights:
+        for sub in spec.sublayers:
+            streamed.extend(_Streamed(p, weights, ((0, p.shape[0]),)) for p in params[(group.layer_class, layer, sub)])
+    kv_writer = ""
+    if spec.kind == "qkv":
+        home = HOME[group.kv_cache]
+        kv_writer = home if home in targets else targets[0]
+    op = Op(spec.kind, group.name, group.layer_class, layer, "gpu" if gather else spec.device, spec.sublayers,
+            weights, streamed=(spec.device in ("gpu", "split") and host_weights), moves=tuple(moves),
+            kv_read=spec.extra.get("kv_read", ""),
+            kv_write_crosses=bool(kv_writer) and kv_writer != HOME[group.kv_cache], kv_writer=kv_writer,
+            gather=gather, split=split)
+    if spec.kind == "lm_head" and spec.device != "split" and decode_embed_device != spec.device:
+        op = replace(op, moves=op.moves + (Move("next", spec.device, decode_embed_device),))  # to the next embedding
+    return op
+
+
+def _bracketed(layer_ops: list[Op], stream: StreamUnit, group: str) -> list[Op]:
+    """A streaming layer's ops with the readers of its staging buffer tagged with its stream unit and bracketed by
+    'wait' and 'release'. Only the readers: a CPU op before them need not wait for the layer's copy (it overlaps
+    it), and the buffer is handed back to the copy stream as soon as its last reader is done."""
+    ops = [replace(o, stream_unit=stream.index) if o.streamed or o.kv_read == "window" else o for o in layer_ops]
+    readers = [at for at, o in enumerate(ops) if o.stream_unit == stream.index]
+    first, last = readers[0], readers[-1]
+    wait = Op("wait", group, stream.layer_class, stream.layer, "gpu", stream_unit=stream.index)
+    release = Op("release", group, stream.layer_class, stream.layer, "gpu", stream_unit=stream.index)
+    return ops[:first] + [wait] + ops[first:last + 1] + [release] + ops[last + 1:]
 
 
 def _gathers(group, phase: str) -> bool:
@@ -420,15 +429,9 @@ def _gathers(group, phase: str) -> bool:
     return getattr(sub, phase) == "gpu" and sub.weights in HOST_TIERS
 
 
-def _with_moves(op: Op, extra: tuple[Move, ...]) -> Op:
-    return replace(op, moves=op.moves + extra)
-
-
-def _with_unit(op: Op, unit: int) -> Op:
-    return replace(op, unit=unit)
-
-
-def _unit(index, nbuf, key, streamed, kv_stream, kv_window_bytes, itemsize) -> StreamUnit:
+def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_Streamed], kv_stream: list[str],
+                 kv_window_bytes: int, itemsize: int) -> StreamUnit:
+    """What one layer copies into staging buffer `index` mod `nbuf`: each parameter once, then its KV windows."""
     offset, exact, placed = 0, 0, []
     seen = set()
     for param, tier, rows in streamed:
@@ -467,19 +470,19 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     phases = {phase: _phase(plan, cfg, phase, params, nbuf, kv_window_bytes, itemsize, decode_embed_device)
               for phase in PHASES}
 
-    units = [u for p in phases.values() for u in p.units]
+    stream_units = [u for p in phases.values() for u in p.stream_units]
     plan_itemsize = {"bfloat16": 2, "float16": 2, "float32": 4}.get(cfg.dtype, 2)
     # A dtype override (tests run fp32) scales the plan's staging size with the element size.
     staging = spec.execution.staging_bytes * itemsize // plan_itemsize
     buffers, buffer_bytes = 0, 0
-    if units:
-        largest = max(units, key=lambda u: u.nbytes)
+    if stream_units:
+        largest = max(stream_units, key=lambda u: u.nbytes)
         if largest.nbytes > staging:
             raise LiacError(source, f"must be at least {largest.nbytes} bytes: {largest.layer_class} layer "
                                     f"{largest.layer} streams {largest.nbytes} bytes to the GPU per step, got "
                                     f"{spec.execution.staging_bytes}", path="spec.execution.staging_bytes")
         buffers = nbuf
-        buffer_bytes = aligned(max(staging, max(u.padded_bytes for u in units)))
+        buffer_bytes = aligned(max(staging, max(u.padded_bytes for u in stream_units)))
 
     weight_tiers: dict[str, list[str]] = {}
     tier_bytes = {tier: 0 for tier in TIERS}

@@ -1,23 +1,25 @@
 """Streaming host-tier weights (and KV windows) into GPU staging buffers, ahead of compute.
 
 There are prefetch_depth + 1 staging buffers of `spec.execution.staging_bytes` each, carved from the 'hbm' arena.
-Streaming unit i of a phase (a layer whose GPU ops read weights from 'ddr'/'cxl', or at decode a host-tier KV cache)
+Stream unit i of a phase (a layer whose GPU ops read weights from 'ddr'/'cxl', or at decode a host-tier KV cache)
 is copied into buffer i mod n on a dedicated copy stream:
 
-    issue(i)    copy stream: wait for buffer i mod n's `released` event (its previous unit is done with it),
-                copy the unit's weights and the past tokens of its KV windows, record `copied[i mod n]`
+    issue(i)    copy stream: wait for buffer i mod n's `released` event (its previous stream unit is done with it),
+                copy the stream unit's weights and the past tokens of its KV windows, record `copied[i mod n]`
     wait(i)     compute stream: wait for `copied[i mod n]`     (a 'wait' op, before the layer's first buffer reader)
     release(i)  compute stream: record `released[i mod n]`; issue(i + n)       (a 'release' op, after its last reader)
 
-so while layer i computes, the copies of the next n - 1 units are in flight. `start` issues the first n units of a
+so while layer i computes, the copies of the next n - 1 stream units are in flight. `start` issues the first n of a
 forward pass unless `prime` already did at the end of the previous decode step (the copies then overlap the LM head
-and the sampling too). A unit with KV windows also waits for `kv_written`, an event recorded on the compute stream
-by `start` / `prime`: every K/V write of earlier passes (asynchronous GPU → pinned host copies) is then complete
+and the sampling too). A stream unit with KV windows also waits for `kv_written`, an event recorded on the compute
+stream by `start` / `prime`: every K/V write of earlier passes (asynchronous GPU → pinned host copies) is then complete
 before the window copy reads the cache. Every call is appended to `log` when a list is given, which is how the
 tests check the order.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -29,8 +31,25 @@ from liac.sizes import numel
 __all__ = ["Streamer"]
 
 
+class _Copy(NamedTuple):
+    """One row block of a stream unit: its view in the staging buffer, the host rows it copies, their bytes."""
+
+    staged: torch.Tensor
+    host: torch.Tensor
+    nbytes: int
+
+
+class _Primed(NamedTuple):
+    """The first stream units of the next pass, issued ahead (`prime`): for which pass and how many."""
+
+    stream_units: tuple[StreamUnit, ...]
+    batch: int
+    past: int
+    issued: int
+
+
 class Streamer:
-    """Double (n-fold) buffered host → GPU streaming of the units of one phase at a time."""
+    """Double (n-fold) buffered host → GPU streaming of the stream units of one phase at a time."""
 
     def __init__(self, backend: Backend, buffers: list[torch.Tensor], host_tensor, kv: KVCache,
                  dtype: torch.dtype, log: list | None = None):
@@ -46,61 +65,61 @@ class Streamer:
         self.released = [None] * self.n
         self.kv_written = backend.event()
         self.stream = backend.copy_stream()
-        self.units: tuple[StreamUnit, ...] = ()
+        self.stream_units: tuple[StreamUnit, ...] = ()
         self.batch = 0
         self.past = 0
-        self.issued = 0  # units of the current pass already issued
-        self._primed: tuple | None = None  # (units, batch, past, issued) copied ahead for the next pass
-        self._copies: dict[int, list] = {}  # id(unit) → [(staging view, host tensor, bytes)], built once
+        self.issued = 0  # stream units of the current pass already issued
+        self._primed: _Primed | None = None  # copied ahead for the next pass
+        self._copies: dict[int, list[_Copy]] = {}  # id(stream unit) → its copies, built once
 
     # -- views into the buffers (the executor binds GPU modules to these once) ----------------------------------
     def view(self, slot: int, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
         nbytes = numel(shape) * self.itemsize
         return self.buffers[slot][offset:offset + nbytes].view(self.dtype).view(shape)
 
-    def window(self, unit: StreamUnit, which: str) -> torch.Tensor:
-        offset = dict(unit.kv)[which]
-        return self.view(unit.slot, offset, self.kv.shape)
+    def window(self, stream_unit: StreamUnit, which: str) -> torch.Tensor:
+        offset = dict(stream_unit.kv)[which]
+        return self.view(stream_unit.slot, offset, self.kv.shape)
 
-    def _copy_list(self, unit: StreamUnit, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """(staging view, host rows, bytes) per row block: a whole parameter is one block; a split unit's GPU part
+    def _copy_list(self, stream_unit: StreamUnit, slot: int) -> list[_Copy]:
+        """One copy per row block: a whole parameter is one block; a split unit's GPU part
         packs its blocks (for gate_up: gate rows, then up rows) one after another, so its staged weight is one
         contiguous tensor."""
         out = []
-        for piece in unit.weights:
+        for piece in stream_unit.weights:
             staged = self.view(slot, piece.offset, piece.shape)
             host = self.host_tensor(piece.param.canonical, piece.tier)
             row = 0
             for first, count in piece.rows:
                 src = host[first:first + count]
-                out.append((staged[row:row + count], src, src.numel() * src.element_size()))
+                out.append(_Copy(staged[row:row + count], src, src.numel() * src.element_size()))
                 row += count
         return out
 
     # -- the protocol -------------------------------------------------------------------------------------------
-    def start(self, units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
-        """Begin a pass over `units` whose attention sees `past` cached tokens; issue what is not yet in flight."""
+    def start(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
+        """Begin a pass over `stream_units` whose attention sees `past` cached tokens; issue what is not in flight."""
         primed = self._primed
-        if primed is not None and primed[0] is units and primed[1:3] == (batch, past):
-            self.issued = self._primed[3]
+        if primed is not None and primed.stream_units is stream_units and (primed.batch, primed.past) == (batch, past):
+            self.issued = primed.issued
         else:
             self.issued = 0
         self._primed = None
-        self.units, self.batch, self.past = units, batch, past
+        self.stream_units, self.batch, self.past = stream_units, batch, past
         self.kv_written.record()
         if self.log is not None:
             self.log.append(("start", self.issued))
-        for index in range(self.issued, min(self.n, len(units))):
+        for index in range(self.issued, min(self.n, len(stream_units))):
             self._issue(index)
 
-    def prime(self, units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
-        """Issue the first units of the next pass now (called after the current pass's last layer)."""
-        self.units, self.batch, self.past = units, batch, past
+    def prime(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
+        """Issue the first stream units of the next pass now (called after the current pass's last layer)."""
+        self.stream_units, self.batch, self.past = stream_units, batch, past
         self.kv_written.record()
-        count = min(self.n, len(units))
+        count = min(self.n, len(stream_units))
         for index in range(count):
             self._issue(index)
-        self._primed = (units, batch, past, count)
+        self._primed = _Primed(stream_units, batch, past, count)
 
     def wait(self, index: int) -> None:
         if self.log is not None:
@@ -115,11 +134,11 @@ class Streamer:
         event.record()
         self.released[slot] = event
         following = index + self.n
-        if following < len(self.units):
+        if following < len(self.stream_units):
             self._issue(following)
 
     def _issue(self, index: int) -> None:
-        unit = self.units[index]
+        stream_unit = self.stream_units[index]
         slot = index % self.n
         if self.log is not None:
             self.log.append(("issue", index))
@@ -127,18 +146,18 @@ class Streamer:
         with backend.on_stream(self.stream):
             if self.released[slot] is not None:
                 self.released[slot].wait(self.stream)
-            copies = self._copies.get(id(unit))
+            copies = self._copies.get(id(stream_unit))
             if copies is None:
-                copies = self._copies[id(unit)] = self._copy_list(unit, slot)
+                copies = self._copies[id(stream_unit)] = self._copy_list(stream_unit, slot)
             for dst, src, nbytes in copies:
                 dst.copy_(src, non_blocking=True)
                 backend.transfers.count(nbytes, True, "stream")
                 backend.transfers.streamed_bytes += nbytes
-            if unit.kv and self.past:
+            if stream_unit.kv and self.past:
                 self.kv_written.wait(self.stream)
-                layer = unit.layer
+                layer = stream_unit.layer
                 B, G, C, E = self.kv.shape
-                for which, offset in unit.kv:
+                for which, offset in stream_unit.kv:
                     cache = self.kv.k[layer] if which == "k" else self.kv.v[layer]
                     window = self.view(slot, offset, self.kv.shape)
                     # One contiguous [past, E] run per (sequence, kv head), strided apart: one 2-D copy.

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from liac.plan import PHASES
 from liac.sweep import plan_files
 from liac.sizes import format_gib
 
-__all__ = ["Change", "PlanDiff", "diff_plans", "layer_table", "fold_layers", "pair_sweeps"]
+__all__ = ["Change", "PlanDiff", "SweepPairs", "diff_plans", "layer_table", "fold_layers", "pair_sweeps"]
 
 
 
@@ -194,10 +195,18 @@ def diff_plans(a, b, source_a: str = "a", source_b: str = "b") -> PlanDiff:
     return PlanDiff(source_a, source_b, tuple(changes))
 
 
-def pair_sweeps(dir_a: Path, dir_b: Path) -> tuple[list[tuple[Path, Path]], list[Path], list[Path]]:
-    """Plan files of two sweep directories paired by file name → (pairs, only in a, only in b)."""
+class SweepPairs(NamedTuple):
+    """The plan files of two sweep directories: pairs with the same name, and those in one directory only."""
+
+    pairs: list[tuple[Path, Path]]
+    only_a: list[Path]
+    only_b: list[Path]
+
+
+def pair_sweeps(dir_a: Path, dir_b: Path) -> SweepPairs:
+    """Plan files of two sweep directories paired by file name."""
     files_a = {p.name: p for p in plan_files(dir_a)}
     files_b = {p.name: p for p in plan_files(dir_b)}
     pairs = [(files_a[name], files_b[name]) for name in sorted(set(files_a) & set(files_b))]
-    return (pairs, [files_a[n] for n in sorted(set(files_a) - set(files_b))],
-            [files_b[n] for n in sorted(set(files_b) - set(files_a))])
+    return SweepPairs(pairs, [files_a[n] for n in sorted(set(files_a) - set(files_b))],
+                      [files_b[n] for n in sorted(set(files_b) - set(files_a))])

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from liac.artifacts.diff import diff_plans, pair_sweeps
+from liac.artifacts.diff import SweepPairs, diff_plans, pair_sweeps
 from liac.errors import EXIT_NEGATIVE, LiacError
 from liac.plan import load_plan
 
@@ -29,13 +29,12 @@ def register(sub) -> None:
     parser.set_defaults(func=run)
 
 
-def _diffs(a: Path, b: Path):
+def _diffs(a: Path, b: Path) -> tuple[list, SweepPairs]:
+    """(the diff of every pair, the pairing: plan files in one directory only); two files are one pair."""
     if a.is_dir() != b.is_dir():
         raise LiacError("diff", f"must compare two plan files or two sweep directories, got '{a}' and '{b}'")
-    if not a.is_dir():
-        return [diff_plans(load_plan(a), load_plan(b), str(a), str(b))], [], []
-    pairs, only_a, only_b = pair_sweeps(a, b)
-    return [diff_plans(load_plan(x), load_plan(y), str(x), str(y)) for x, y in pairs], only_a, only_b
+    paired = pair_sweeps(a, b) if a.is_dir() else SweepPairs([(a, b)], [], [])
+    return [diff_plans(load_plan(x), load_plan(y), str(x), str(y)) for x, y in paired.pairs], paired
 
 
 def render_text(diffs, only_a, only_b) -> str:
@@ -51,7 +50,8 @@ def render_text(diffs, only_a, only_b) -> str:
 
 
 def run(args) -> int:
-    diffs, only_a, only_b = _diffs(Path(args.a), Path(args.b))
+    diffs, paired = _diffs(Path(args.a), Path(args.b))
+    only_a, only_b = paired.only_a, paired.only_b
     different = bool(only_a or only_b or any(d.changes for d in diffs))
     if args.format == "json":
         doc = {"different": different,

@@ -46,7 +46,7 @@ def test_mixed_decode_moves_follow_device_changes():
     assert ops["out_proj"].moves == ()  # o and the residual x are both on the CPU already
     assert ops["up"].moves == (Move("x", "cpu", "gpu"),)
     assert ops["down"].moves == (Move("h", "gpu", "cpu"),)  # x is still on the CPU: not moved again
-    unit = schedule.phases["decode"].units[[u.layer for u in schedule.phases["decode"].units].index(1)]
+    unit = schedule.phases["decode"].stream_units[[u.layer for u in schedule.phases["decode"].stream_units].index(1)]
     assert sorted(piece.param.canonical for piece in unit.weights) == sorted(
         f"layers.1.{name}" for name in ("qkv.norm.weight", "qkv.norm.bias", "qkv.proj.weight", "qkv.proj.bias",
                                         "fc1.norm.weight", "fc1.norm.bias", "fc1.proj.weight", "fc1.proj.bias"))
@@ -69,7 +69,7 @@ def test_gpu_embedding_over_a_host_table_gathers_rows_on_the_host():
     for phase in ("prefill", "decode"):
         embed = schedule.phases[phase].ops[0]
         assert embed.kind == "embed" and embed.gather and embed.device == "gpu" and embed.moves == ()
-        assert all(u.layer_class != "embed" for u in schedule.phases[phase].units)
+        assert all(u.layer_class != "embed" for u in schedule.phases[phase].stream_units)
         head = [op for op in schedule.phases[phase].ops if op.kind == "lm_head"][0]
         assert head.moves[-1] == Move("next", "gpu", "cpu")
     batch, prompt, new_tokens = 1, 4, 3
@@ -110,7 +110,7 @@ def test_staging_layout_and_bytes_match_closed_form():
     schedule = build_schedule(plan)
     D, F, H, G, E = 32, 48, 4, 2, 8
     layer_numel = D + D * (H + 2 * G) * E + H * E * D + D + D * 2 * F + F * D  # norms, qkv, o, norm, gate_up, down
-    decode_units = schedule.phases["decode"].units
+    decode_units = schedule.phases["decode"].stream_units
     assert [u.layer for u in decode_units] == [0, 1, 2]
     assert [u.slot for u in decode_units] == [0, 1, 2]  # prefetch_depth 2 → three buffers
     assert all(u.nbytes == layer_numel * 2 for u in decode_units)

@@ -102,7 +102,7 @@ def test_a_share_that_rounds_to_no_feature_runs_on_the_gpu():
 def test_only_the_gpu_part_streams_and_sizes_the_staging_buffer():
     plan = make_plan(LLAMA, "split", permille=333)
     schedule = build_schedule(plan)
-    unit = schedule.phases["decode"].units[0]
+    unit = schedule.phases["decode"].stream_units[0]
     rows = {piece.param.canonical.split(".", 2)[2]: piece.rows for piece in unit.weights}
     # GPU rows [r, N): qkv 21..63, out_proj and down 10..31, gate_up gate 15..47 and up 48+15..95; norms whole
     assert rows == {"qkv.norm.weight": ((0, 32),), "qkv.proj.weight": ((21, 43),),
@@ -117,7 +117,7 @@ def test_only_the_gpu_part_streams_and_sizes_the_staging_buffer():
         return dataclasses.replace(plan, spec=dataclasses.replace(
             plan.spec, execution=dataclasses.replace(plan.spec.execution, staging_bytes=nbytes)))
 
-    head = max(u.nbytes for u in schedule.phases["decode"].units)  # the LM head's GPU rows are the largest unit
+    head = max(u.nbytes for u in schedule.phases["decode"].stream_units)  # the LM head's GPU rows are the largest unit
     build_schedule(with_staging(max(head, gpu_part_bytes)))
     with pytest.raises(LiacError, match="staging_bytes"):
         build_schedule(with_staging(max(head, gpu_part_bytes) - 1))
@@ -175,8 +175,8 @@ def test_cpu_parts_read_the_shared_weights_in_place():
     host = HostWeights.random(LLAMA, 0, backend=EmulatedBackend())
     engine = Engine.from_plan(make_plan(LLAMA, "split", permille=333), host)
     op = _layer(engine.schedule, "decode", 1)["up"]
-    units = {u.index: u for u in engine.schedule.phases["decode"].units}
-    part = engine.executor._part(op, units[op.unit], "cpu")
+    units = {u.index: u for u in engine.schedule.phases["decode"].stream_units}
+    part = engine.executor._part(op, units[op.stream_unit], "cpu")
     weight = host.tensor("layers.1.gate_up.proj.weight")
     (gate, _), (up, _) = part.proj.blocks
     row = weight.stride(0) * weight.element_size()
