@@ -38,9 +38,3 @@ def test_measured_profile_compiles(measured, tmp_path):
     assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "--gpu-mem", "1GiB",
                  "-o", str(out)]) == 0
     assert out.read_text().count("profile: host") == 1
-
-
-def test_output_must_be_yaml(tmp_path, capsys):
-    assert main(["profile", "--quick", "--no-gpu", "-o", str(tmp_path / "host.txt")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"liac profile: --output: must end in '.yaml' or '.yml', got '{tmp_path / 'host.txt'}'"]

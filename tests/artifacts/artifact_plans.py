@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import yaml
+
+from liac.cli import main
 from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
 from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
                        PlanSpec,
                        PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
-                       Workload)
+                       Workload, plan_to_yaml)
 from liac.schema_tools import stable_float
 
-__all__ = ["TINY_OPT", "TINY_LLAMA", "GIB", "make_plan", "with_group", "replace_sub"]
+__all__ = ["TINY_OPT", "TINY_LLAMA", "GIB", "make_plan", "with_group", "replace_sub", "plan_doc", "write_doc",
+           "save_plan", "run_cli"]
 
 GIB = 2**30
 
@@ -96,3 +100,29 @@ def replace_sub(plan: OffloadPlan, group: int, unit: str, **changes) -> OffloadP
     subs = tuple(dataclasses.replace(s, **changes) if s.name == unit else s
                  for s in plan.spec.layer_groups[group].sublayers)
     return with_group(plan, group, sublayers=subs)
+
+
+def plan_doc(plan: OffloadPlan | None = None) -> dict:
+    """A plan (default `make_plan()`) as the plain data of its YAML file, to break by hand."""
+    return yaml.safe_load(plan_to_yaml(plan or make_plan()))
+
+
+def write_doc(folder, doc: dict, name: str = "plan.yaml"):
+    """Plain data written as a YAML file in `folder`; returns its path."""
+    path = folder / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=True))
+    return path
+
+
+def save_plan(path, plan: OffloadPlan):
+    """A plan written as its YAML file at `path` (folders made); returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan_to_yaml(plan))
+    return path
+
+
+def run_cli(capsys, command: str, *args) -> tuple[int, list[str], str]:
+    """`liac COMMAND ARGS...` in process: (exit status, stdout lines, stderr)."""
+    code = main([command, *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
-from artifact_plans import TINY_LLAMA, make_plan, replace_sub
+from artifact_plans import TINY_LLAMA, make_plan, replace_sub, run_cli, save_plan
 
 from liac.artifacts.diff import diff_plans, fold_layers
-from liac.cli import main
-from liac.plan import load_plan, plan_to_yaml
-
-
-def _save(path, plan):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(plan_to_yaml(plan))
-    return path
+from liac.plan import load_plan
 
 
 def _run(capsys, *args):
-    code = main(["diff", *map(str, args)])
-    out = capsys.readouterr()
-    return code, out.out.splitlines(), out.err
+    return run_cli(capsys, "diff", *args)
 
 
 def _recut(plan):
@@ -39,7 +29,7 @@ def _recut(plan):
 
 def test_equal_plans_and_regrouped_plans_have_no_semantic_differences(tmp_path, capsys):
     plan = make_plan()
-    a, b = _save(tmp_path / "a.yaml", plan), _save(tmp_path / "b.yaml", _recut(plan))
+    a, b = save_plan(tmp_path / "a.yaml", plan), save_plan(tmp_path / "b.yaml", _recut(plan))
     assert a.read_text() != b.read_text()
     assert _run(capsys, a, a) == (0, ["no semantic differences"], "")
     assert _run(capsys, a, b) == (0, ["no semantic differences"], "")
@@ -49,7 +39,7 @@ def test_placement_tier_and_kv_moves_are_folded_into_layer_ranges(tmp_path, caps
     before = make_plan(resident=2)
     after = replace_sub(make_plan(resident=3), 2, "fc1", decode="gpu", weights="ddr")
     after = replace_sub(after, 2, "qkv", prefill="cpu")
-    a, b = _save(tmp_path / "a.yaml", before), _save(tmp_path / "b.yaml", after)
+    a, b = save_plan(tmp_path / "a.yaml", before), save_plan(tmp_path / "b.yaml", after)
     code, lines, _ = _run(capsys, a, b)
     assert code == 1
     assert lines[:2] == [f"--- {a}", f"+++ {b}"]
@@ -86,9 +76,9 @@ def test_workload_budgets_memory_and_identity(tmp_path):
 
 def test_sweep_directories_pair_by_file_name(tmp_path, capsys):
     for name, batch in (("b1.yaml", 1), ("b8.yaml", 8)):
-        _save(tmp_path / "A" / name, make_plan(batch=batch))
-        _save(tmp_path / "B" / name, make_plan(batch=batch, resident=3 if batch == 8 else 2))
-    _save(tmp_path / "A" / "b64.yaml", make_plan(batch=64))
+        save_plan(tmp_path / "A" / name, make_plan(batch=batch))
+        save_plan(tmp_path / "B" / name, make_plan(batch=batch, resident=3 if batch == 8 else 2))
+    save_plan(tmp_path / "A" / "b64.yaml", make_plan(batch=64))
     (tmp_path / "A" / "index.yaml").write_text("plans: []\n")  # never paired as a plan
     code, lines, _ = _run(capsys, tmp_path / "A", tmp_path / "B")
     assert code == 1
@@ -96,28 +86,8 @@ def test_sweep_directories_pair_by_file_name(tmp_path, capsys):
     assert lines[-1] == f"only in A: {tmp_path / 'A' / 'b64.yaml'}"
     assert not any("b1.yaml" in line for line in lines)
     (tmp_path / "A" / "b64.yaml").unlink()
-    _save(tmp_path / "B" / "b8.yaml", make_plan(batch=8))
+    save_plan(tmp_path / "B" / "b8.yaml", make_plan(batch=8))
     assert _run(capsys, tmp_path / "A", tmp_path / "B") == (0, ["no semantic differences"], "")
-
-
-def test_json_output(tmp_path, capsys):
-    a = _save(tmp_path / "a.yaml", make_plan())
-    b = _save(tmp_path / "b.yaml", make_plan(batch=2))
-    assert main(["diff", "--format", "json", str(a), str(b)]) == 1
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["different"] is True and doc["only_in_a"] == []
-    assert {"section": "workload", "subject": "batch_size", "old": "1", "new": "2", "detail": ""} in \
-        doc["plans"][0]["changes"]
-
-
-def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
-    a = _save(tmp_path / "a.yaml", make_plan())
-    assert _run(capsys, a, tmp_path) == (2, [], f"liac diff: diff: must compare two plan files or two sweep "
-                                                f"directories, got '{a}' and '{tmp_path}'\n")
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("apiVersion: liac/v1\n")
-    code, lines, err = _run(capsys, a, broken)
-    assert code == 2 and lines == [] and err.count("\n") == 1 and err.startswith(f"liac diff: {broken}: ")
 
 
 def test_fold_layers_keeps_classes_apart_and_breaks_on_gaps_and_changes():

@@ -103,15 +103,3 @@ def test_policy_string_and_figure_data_follow_the_groups():
     want_cpu = sum(t.compute_seconds * 4 for t in plan.status.predicted.sublayers
                    if t.phase == "decode" and t.group == "offload")
     assert seconds["cpu_compute"] == [float(f"{want_cpu:.6g}")]
-
-
-def test_docs_command_bad_input_and_plan_format(tmp_path, capsys):
-    from liac.artifacts.schemadoc import render_plan_format
-
-    assert main(["docs"]) == 2
-    assert capsys.readouterr().err == "liac docs: docs: PLANS_DIR (with -o OUT) or --plan-format FILE is required\n"
-    assert main(["docs", str(tmp_path / "nowhere"), "-o", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err == (f"liac docs: docs: '{tmp_path / 'nowhere'}' must be a directory of sweeps (as "
-                                       "written by 'liac compile -o DIR')\n")
-    assert main(["docs", "--plan-format", str(tmp_path / "format.md")]) == 0
-    assert (tmp_path / "format.md").read_text() == render_plan_format()

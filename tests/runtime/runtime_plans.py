@@ -35,9 +35,11 @@ from liac.models.config import ModelConfig, from_hf_config
 from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
                        PlanSpec, PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes,
                        TierUsage, Workload)
+from liac.runtime.backend import EmulatedBackend
 
-__all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "make_test_backend", "hf_config",
-           "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close", "placement"]
+__all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "PinningBackend", "make_test_backend",
+           "hf_config", "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close",
+           "placement"]
 
 # The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
 BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
@@ -46,8 +48,25 @@ POLICIES = ("gpu", "cpu", "partial", "mixed", "crossed")
 _NO_WEIGHTS = ("attn_score", "attn_context")
 
 
+class PinningBackend(EmulatedBackend):
+    """The emulation, but with page-locking calls recorded (their tensors' element counts), refused on demand."""
+
+    pin_memory = True
+
+    def __init__(self, refuse: bool = False):
+        super().__init__()
+        self.refuse, self.pinned, self.unpinned = refuse, [], []
+
+    def pin(self, tensor):
+        self.pinned.append(tensor.numel())
+        return not self.refuse
+
+    def unpin(self, tensor):
+        self.unpinned.append(tensor.numel())
+
+
 def make_test_backend(name: str):
-    from liac.runtime.backend import CudaBackend, EmulatedBackend
+    from liac.runtime.backend import CudaBackend
 
     return EmulatedBackend() if name == "emulated" else CudaBackend()
 

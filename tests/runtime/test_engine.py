@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from runtime_plans import make_plan
+from runtime_plans import PinningBackend, make_plan
 
 import liac.runtime.backend as backend_module
 from liac.errors import LiacError
@@ -112,27 +112,10 @@ def test_plan_that_does_not_fit_the_gpu_is_refused_before_allocating():
     assert torch.cuda.memory_allocated() == before
 
 
-class _PinningBackend(EmulatedBackend):
-    """The emulation, but with page-locking calls recorded (and refused on demand)."""
-
-    pin_memory = True
-
-    def __init__(self, refuse: bool):
-        super().__init__()
-        self.refuse, self.pinned, self.unpinned = refuse, [], []
-
-    def pin(self, tensor):
-        self.pinned.append(tensor.numel())
-        return not self.refuse
-
-    def unpin(self, tensor):
-        self.unpinned.append(tensor.numel())
-
-
 def test_host_arenas_are_page_locked_once_and_released():
     import gc
 
-    backend = _PinningBackend(refuse=False)
+    backend = PinningBackend(refuse=False)
     engine = Engine.from_plan(make_plan(TINY, "mixed"), RandomWeights(0), backend=backend)
     reserved = engine.memory.reserved_bytes()
     assert backend.pinned == [reserved["ddr"]]  # one registration for the whole DDR arena (weights + KV)
@@ -143,6 +126,6 @@ def test_host_arenas_are_page_locked_once_and_released():
 
 
 def test_host_arena_that_cannot_be_page_locked_is_said_once():
-    engine = Engine.from_plan(make_plan(TINY, "mixed"), RandomWeights(0), backend=_PinningBackend(refuse=True))
+    engine = Engine.from_plan(make_plan(TINY, "mixed"), RandomWeights(0), backend=PinningBackend(refuse=True))
     assert len([n for n in engine.notes if "could not be page-locked" in n]) == 1
     assert engine.generate(torch.arange(4)[None], 2).token_ids.shape == (1, 2)

@@ -1,4 +1,6 @@
-"""The schedule and the streamer: moves where devices change, streaming units, prefetch order, staging sizes.
+"""The schedule (runtime/schedule.py): its pieces alone (a split's row blocks, a stream unit's layout, which ops a
+staging buffer's wait and release bracket), then whole plans: moves where devices change, stream units, staging
+sizes, and through Engine the prefetch order the streamer keeps (runtime/staging.py alone: test_staging.py).
 
 Expected moves and transfer counts are derived by hand from the plans' placements (comments give the reasoning),
 never read back from the schedule.
@@ -16,7 +18,7 @@ from liac.errors import LiacError
 from liac.models.config import ModelConfig
 from liac.runtime import Engine, RandomWeights, build_schedule
 from liac.runtime.backend import EmulatedBackend
-from liac.runtime.schedule import Move
+from liac.runtime.schedule import Move, Op, ParamInfo, StreamUnit, _bracketed, _stream_unit, _Streamed, part_rows
 
 TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=4,
                    head_dim=8, ffn_dim=64, vocab_size=50, max_position=64, norm="layernorm", norm_eps=1e-5,
@@ -24,6 +26,38 @@ TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=3, 
 LLAMA = ModelConfig(name="tiny-llama", family="llama", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2,
                     head_dim=8, ffn_dim=48, vocab_size=50, max_position=64, norm="rmsnorm", norm_eps=1e-5,
                     activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=False, rope_theta=10000.0)
+
+
+def test_a_split_reads_its_rows_of_the_projection_and_its_norm_whole():
+    gate_up = ParamInfo("proj.weight", "layers.0.gate_up.proj.weight", (2 * 6, 4))  # gate rows 0..5, up rows 6..11
+    norm = ParamInfo("norm.weight", "layers.0.gate_up.norm.weight", (4,))
+    assert part_rows("gate_up", gate_up, "cpu", 2, 6) == ((0, 2), (6, 2))  # features 0..1 of both halves
+    assert part_rows("gate_up", gate_up, "gpu", 2, 6) == ((2, 4), (8, 4))
+    qkv = ParamInfo("proj.weight", "layers.0.qkv.proj.weight", (9, 4))
+    assert part_rows("qkv", qkv, "cpu", 3, 9) == ((0, 3),) and part_rows("qkv", qkv, "gpu", 3, 9) == ((3, 6),)
+    assert part_rows("gate_up", norm, "cpu", 2, 6) == part_rows("gate_up", norm, "gpu", 2, 6) == ((0, 4),)
+
+
+def test_a_stream_unit_holds_each_parameter_once_aligned_then_its_kv_windows():
+    weight = ParamInfo("proj.weight", "layers.7.fc1.proj.weight", (3, 5))
+    bias = ParamInfo("proj.bias", "layers.7.fc1.proj.bias", (3,))
+    streamed = [_Streamed(weight, "ddr", ((0, 3),)), _Streamed(bias, "cxl", ((0, 3),)),
+                _Streamed(weight, "ddr", ((0, 3),))]  # a parameter two ops read is staged once
+    unit = _stream_unit(4, 2, ("decoder", 7), streamed, ["k", "v"], kv_window_bytes=100, itemsize=2)
+    assert (unit.index, unit.slot, unit.layer_class, unit.layer) == (4, 0, "decoder", 7)  # slot = index mod 2
+    assert [(p.param.canonical, p.tier, p.offset) for p in unit.weights] == [(weight.canonical, "ddr", 0),
+                                                                           (bias.canonical, "cxl", 256)]
+    assert unit.kv == (("k", 512), ("v", 768))
+    assert unit.nbytes == 15 * 2 + 3 * 2 + 2 * 100 and unit.padded_bytes == 1024
+
+
+def test_wait_and_release_bracket_the_buffers_readers_only():
+    ops = [Op("qkv", "g", "decoder", 1, "cpu"), Op("score", "g", "decoder", 1, "gpu", kv_read="window"),
+           Op("context", "g", "decoder", 1, "cpu", kv_read="cache"), Op("up", "g", "decoder", 1, "gpu", streamed=True),
+           Op("down", "g", "decoder", 1, "cpu")]
+    out = _bracketed(ops, StreamUnit(3, 1, "decoder", 1, ()), "g")
+    assert [o.kind for o in out] == ["qkv", "wait", "score", "context", "up", "release", "down"]
+    assert [o.stream_unit for o in out] == [-1, 3, 3, -1, 3, 3, -1]  # the CPU op between readers reads no buffer
 
 
 def _ops(schedule, phase, layer):
