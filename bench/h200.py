@@ -34,12 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from liac.sizes import GIB
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
-GIB = 2**30
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:

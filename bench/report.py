@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from liac.sizes import GIB
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-GIB = 2**30
 CONTENDER_ORDER = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu", "shipped-profile")
 LABELS = {"optimal": "liac (split)", "whole": "liac (whole sublayers)", "lia-cpu": "LIA all-CPU",
           "lia-partial": "LIA partial (attention on CPU)", "lia-gpu": "LIA all-GPU (streamed)",

@@ -11,6 +11,7 @@ import sys
 
 from liac.artifacts.validate import validate_path
 from liac.errors import EXIT_NEGATIVE
+from liac.sweep import CATALOG_NAME, INDEX_NAME
 
 __all__ = ["register", "run"]
 
@@ -43,13 +44,13 @@ def run(args) -> int:
 
 def _summary(path, checked: list[str]) -> str:
     """'valid plan', '3 plans and index.yaml', '73 plans, 25 index.yaml and sweeps.yaml'."""
-    if checked == [str(path)] and not str(path).endswith(("index.yaml", "sweeps.yaml")):
+    if checked == [str(path)] and not str(path).endswith((INDEX_NAME, CATALOG_NAME)):
         return "valid plan"
-    indexes = sum(c.endswith("index.yaml") for c in checked)
-    plans = len(checked) - indexes - sum(c.endswith("sweeps.yaml") for c in checked)
+    indexes = sum(c.endswith(INDEX_NAME) for c in checked)
+    plans = len(checked) - indexes - sum(c.endswith(CATALOG_NAME) for c in checked)
     parts = [f"{plans} plan{'s' if plans != 1 else ''}"]
     if indexes:
-        parts.append("index.yaml" if indexes == 1 else f"{indexes} index.yaml")
-    if any(c.endswith("sweeps.yaml") for c in checked):
-        parts.append("sweeps.yaml")
+        parts.append(INDEX_NAME if indexes == 1 else f"{indexes} {INDEX_NAME}")
+    if any(c.endswith(CATALOG_NAME) for c in checked):
+        parts.append(CATALOG_NAME)
     return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
