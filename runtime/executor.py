@@ -32,25 +32,33 @@ from torch import nn
 
 from liac.models import build_model
 from liac.models.config import ModelConfig
-from liac.models.layers import rope_inv_freq
+from liac.models.layers import padded_causal_mask, padded_positions, rope_inv_freq
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor", "CpuWorker", "STEPS", "SPLIT_KINDS"]
+__all__ = ["Frame", "Executor", "CpuWorker", "STEPS", "SPLIT_KINDS", "greedy"]
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The default token choice: argmax of logits [B, vocab] → [B, 1]."""
+    return logits.argmax(-1, keepdim=True)
 
 
 class Frame:
-    """The state of one forward pass: batch, first position, query length, activations per device, outputs."""
+    """The state of one forward pass: batch, first position (cache slot), query length, activations per device,
+    positions and (for left-padded sequences) attention masks per device, how the next token is chosen, outputs."""
 
-    __slots__ = ("batch", "start", "length", "vals", "pos", "logits")
+    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits")
 
-    def __init__(self, batch: int, start: int, length: int):
+    def __init__(self, batch: int, start: int, length: int, pick=greedy):
         self.batch, self.start, self.length = batch, start, length
         self.vals: dict[str, dict[str, torch.Tensor]] = {}
         self.pos: dict[str, torch.Tensor] = {}
+        self.mask: dict[str, torch.Tensor | None] = {}  # device → [B, 1, Q, C] bool, None: plain causal
+        self.pick = pick  # logits [B, vocab] → token ids [B, 1] on the same device
         self.logits: torch.Tensor | None = None
 
 
@@ -224,14 +232,23 @@ class Executor:
             self.worker = None
 
     # -- passes -------------------------------------------------------------------------------------------------
-    def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None) -> Frame:
-        """One pass: `ids` [B, Q] (prefill: host tensor; decode: on the decode embed device), positions from
-        `start`. With `timings`, synchronise after every op and add its seconds under (group, sublayers, phase)."""
+    def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None, *,
+                pad: dict[str, torch.Tensor] | None = None, pick=greedy) -> Frame:
+        """One pass: `ids` [B, Q] (prefill: host tensor; decode: on the decode embed device) at cache slots
+        `start` .. `start` + Q - 1. `pad` (from `padding`): per device, each sequence's leading pad slots [B]; its
+        positions then start after them and its attention skips them. `pick` chooses the next token from the
+        logits (greedy by default; liac.runtime.sampling). With `timings`, synchronise after every op and add its
+        seconds under (group, sublayers, phase)."""
         batch, length = ids.shape
-        frame = Frame(batch, start, length)
+        frame = Frame(batch, start, length, pick)
         frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
         for d in self.devices:
-            frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
+            if pad is None:
+                frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
+                frame.mask[d] = None
+            else:
+                frame.pos[d] = padded_positions(pad[d], start, length, self.arange[d])
+                frame.mask[d] = padded_causal_mask(pad[d], start, length, self.arange[d])
         self.streamer.start(self.stream_units[phase], batch, start)
         if timings is None:
             for _, step in self.programs[phase]:
@@ -255,6 +272,12 @@ class Executor:
                 timings.setdefault(key[:3] + ("split:cpu",), []).append(part.cpu_seconds)
                 timings.setdefault(key[:3] + ("split:gpu",), []).append(gpu_seconds)
         return frame
+
+    def padding(self, pad: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """Each sequence's leading pad slots [B] (host) on every device, for `forward`; None when none has any."""
+        if pad is None or not bool(pad.any()):
+            return None
+        return {d: pad.to(self.backend.devices[d]) for d in self.devices}
 
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""
@@ -343,7 +366,7 @@ def _attention_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Ste
     def step(frame: Frame) -> None:
         vals = frame.vals
         _run_moves(transfer, vals, pre)
-        vals["o"] = {dev: module(vals["q"][dev], keys(frame), values(frame))}
+        vals["o"] = {dev: module(vals["q"][dev], keys(frame), values(frame), frame.mask[dev])}
     return step
 
 
@@ -361,13 +384,14 @@ def _score_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         def over_capacity(frame: Frame) -> None:
             _run_moves(transfer, frame.vals, pre)
             keys = kv.capacity(layer, "k", frame.batch)
-            frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys, frame.start + frame.length)}
+            frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys, frame.start + frame.length,
+                                                 frame.mask[dev])}
         return over_capacity
     keys = _kv_reader(ex, op, stream_unit, "k")
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
-        frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys(frame))}
+        frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys(frame), mask=frame.mask[dev])}
     return step
 
 
@@ -418,7 +442,7 @@ def _lm_head_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         _run_moves(transfer, vals, pre)
         logits = module(vals["x"][dev][:, -1:])[:, -1]  # only the last position picks the next token
         frame.logits = logits                            # [B, vocab]
-        vals["next"] = {dev: logits.argmax(-1, keepdim=True)}  # greedy, [B, 1]
+        vals["next"] = {dev: frame.pick(logits)}               # [B, 1]
         _run_moves(transfer, vals, post)
     return step
 
@@ -451,7 +475,7 @@ def _join_up(post: None, merged: torch.Tensor, frame: Frame, device: str, out: d
 def _join_head(post: None, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
     logits = merged[:, -1]
     frame.logits = logits
-    out.setdefault("next", {})[device] = logits.argmax(-1, keepdim=True)
+    out.setdefault("next", {})[device] = frame.pick(logits)
 
 
 class _SplitKind(NamedTuple):

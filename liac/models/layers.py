@@ -25,7 +25,7 @@ from liac.models.config import ModelConfig
 
 __all__ = [
     "RMSNorm", "make_norm", "rope_inv_freq", "apply_rope", "QKV", "Attention", "ResidualLinear", "NormLinearAct",
-    "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer",
+    "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer", "padded_positions", "padded_causal_mask",
 ]
 
 
@@ -111,9 +111,10 @@ class QKV(nn.Module):
 class Attention(nn.Module):
     """Sublayers `attn_score` (q·Kᵀ, mask, softmax) and `attn_context` (p·V). No weights.
 
-    The query block sits at the end of the context: query i sees keys 0 .. C - Q + i.
-    `forward` fuses both (scaled_dot_product_attention); `score` and `context` run them apart, for plans that put
-    them on different devices.
+    The query block sits at the end of the context: query i sees keys 0 .. C - Q + i. A batch of prompts of
+    different lengths passes `mask` [B, 1, Q, C] (True: attend; `padded_causal_mask`), which replaces that causal
+    mask. `forward` fuses both (scaled_dot_product_attention); `score` and `context` run them apart, for plans that
+    put them on different devices.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -127,23 +128,27 @@ class Attention(nn.Module):
             return None
         return torch.ones(Q, C, dtype=torch.bool, device=device).tril(C - Q)  # [Q, C]
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # q: [B, H, Q, E]; k, v: [B, G, C, E] → [B, Q, H * E]
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        # q: [B, H, Q, E]; k, v: [B, G, C, E]; mask: [B, 1, Q, C] or None → [B, Q, H * E]
         B, H, Q, E = q.shape
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=self._mask(Q, k.shape[2], q.device),
-                                           scale=self.scale, enable_gqa=self.groups > 1)
+        if mask is None:
+            mask = self._mask(Q, k.shape[2], q.device)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.groups > 1)
         return o.transpose(1, 2).reshape(B, Q, H * E)
 
-    def score(self, q: torch.Tensor, k: torch.Tensor, context: int | None = None) -> torch.Tensor:
+    def score(self, q: torch.Tensor, k: torch.Tensor, context: int | None = None,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
         # q: [B, H, Q, E], k: [B, G, C, E] → probabilities [B, H, Q, C]. With `context`, k may hold more positions
         # (a cache's whole capacity: a contiguous operand the CPU multiplies several times faster than a strided
-        # slice) and only the first `context` count.
+        # slice) and only the first `context` count. mask: [B, 1, Q, C] or None (causal).
         B, H, Q, E = q.shape
         C = k.shape[2] if context is None else context
         qg = q.reshape(B, k.shape[1], self.groups * Q, E)  # heads of one group share K (q may be a strided view)
         s = qg @ k.transpose(-1, -2)
         s = (s if s.shape[-1] == C else s[..., :C]).reshape(B, H, Q, C) * self.scale
-        mask = self._mask(Q, C, q.device)
+        if mask is None:
+            mask = self._mask(Q, C, q.device)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -157,6 +162,28 @@ class Attention(nn.Module):
             C = v.shape[2]
         o = (p.reshape(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
         return o.transpose(1, 2).reshape(B, Q, -1)
+
+
+def padded_positions(pad: torch.Tensor, start: int, length: int, arange: torch.Tensor) -> torch.Tensor:
+    """Positions [B, Q] of query slots start .. start + Q - 1 for left-padded sequences: slot minus the sequence's
+    `pad` [B] leading pad slots (its first real token is position 0; pads get 0, as HF's generate gives them).
+    `arange` holds 0 .. N - 1 on the target device (no allocation per call)."""
+    return (arange[start:start + length][None, :] - pad[:, None]).clamp_(min=0)
+
+
+def padded_causal_mask(pad: torch.Tensor, start: int, length: int, arange: torch.Tensor) -> torch.Tensor:
+    """The attention mask [B, 1, Q, C] (True: attend, C = start + Q) of left-padded sequences.
+
+    Query slot i sees key slot j when j <= i and j is not one of its sequence's `pad` [B] leading pad slots. A pad
+    query also sees itself, so that no row is empty (an empty row is NaN after the softmax, and 0 · NaN in p·V would
+    spread it); what pads compute is never attended to by a real token.
+    """
+    context = start + length
+    keys = arange[:context]                                  # [C]
+    queries = arange[start:context, None]                    # [Q, 1]
+    causal = keys[None, :] <= queries                        # [Q, C]
+    real = keys[None, :] >= pad[:, None]                     # [B, C]
+    return (causal[None] & (real[:, None, :] | (keys[None, :] == queries)[None]))[:, None]  # [B, 1, Q, C]
 
 
 class ResidualLinear(nn.Module):
