@@ -3,6 +3,7 @@
     from liac.runtime import Engine, RandomWeights
     engine = Engine.from_plan("plan.yaml", weights="ckpt/")        # or RandomWeights(seed=0)
     out = engine.generate(input_ids, max_new_tokens=32)            # greedy; out.token_ids [B, 32]
+    out = engine.generate(["Hi", "Once upon"], 32, temperature=0.7, seed=0)   # text in, out.text out
 
     host = HostWeights.random(cfg, seed=0)                         # several plans over one set of weights
     with Engine.from_plan("plan.yaml", weights=host) as engine:    # copies only its 'hbm' tensors; close frees them
@@ -19,8 +20,12 @@ Modules, in the order a run uses them:
     kvcache.py    per-layer KV cache in its tier
     staging.py    host → GPU streaming into staging buffers on a copy stream, prefetch_depth layers ahead
     executor.py   ops bound to liac.models sublayer modules; one loop per pass
+    sequences.py  per-sequence state: left-padded prompts, EOS stops
+    sampling.py   greedy / temperature, top-k, top-p sampling, reproducible per sequence
+    text.py       the checkpoint's tokenizer: prompts → token ids → text, chat template, EOS ids
     engine.py     Engine.from_plan (checks, allocation, loading) and generate / profile
-    metrics.py    measured vs predicted, JSON
+    metrics.py    measured vs predicted (scaled to the request), JSON
+    sweep.py      a sweep's index → the plan for a request
     cli.py        lia-run
 
 It never imports liac.passes (tests/runtime/test_runtime_imports.py checks it).
@@ -29,7 +34,9 @@ It never imports liac.passes (tests/runtime/test_runtime_imports.py checks it).
 from liac.runtime.backend import Backend, CudaBackend, EmulatedBackend, make_backend
 from liac.runtime.engine import Engine, Generation, RandomWeights
 from liac.runtime.hostweights import HostWeights
+from liac.runtime.sampling import SamplingParams
 from liac.runtime.schedule import Schedule, build_schedule
+from liac.runtime.sequences import PromptBatch
 
 __all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "Backend", "CudaBackend", "EmulatedBackend",
-           "make_backend", "Schedule", "build_schedule"]
+           "make_backend", "Schedule", "build_schedule", "SamplingParams", "PromptBatch"]

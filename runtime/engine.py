@@ -1,7 +1,13 @@
-"""`Engine`: a plan and its weights → a model placed across CPU/GPU and HBM/DDR/CXL, and greedy generation.
+"""`Engine`: a plan and its weights → a model placed across CPU/GPU and HBM/DDR/CXL, and generation.
 
     engine = Engine.from_plan("plans/opt-30b.yaml", weights="ckpts/opt-30b")      # or RandomWeights(seed=0)
     out = engine.generate(input_ids, max_new_tokens=32)                           # out.token_ids [B, 32]
+    out = engine.generate(["Hello", "Once upon a time"], 32, temperature=0.7, seed=0)
+    print(out.text[1])                                                             # the checkpoint's tokenizer
+
+A plan's batch, prompt length and generation length are maxima: any request within them runs (`check_request`).
+Prompts of different lengths are left-padded and masked per sequence (runtime/sequences.py); tokens are chosen
+greedily or sampled (runtime/sampling.py); with text in, each sequence stops at its EOS token.
 
 `from_plan` checks everything it can before allocating a byte: the plan (schema, semantics, apiVersion), the
 weights' architecture against `spec.model.config_sha256`, the checkpoint's tensors and shapes, the host (a GPU when
@@ -14,47 +20,77 @@ import gc
 import os
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from liac.errors import LiacError
 from liac.plan import API_VERSION, HOST_TIERS, PHASES, TIERS, OffloadPlan, check_semantics, load_plan
 from liac.runtime.backend import Backend, host_available_bytes, make_backend
-from liac.runtime.executor import Executor
+from liac.runtime.executor import Executor, greedy
 from liac.runtime.hostweights import HostWeights
 from liac.runtime.kernels import choose_cpu_linear
 from liac.runtime.kvcache import KVCache
 from liac.runtime.memory import TierMemory, aligned
 from liac.runtime.numa import libnuma, plan_cxl_placement, read_nodes
+from liac.runtime.sampling import Sampler, SamplingParams
 from liac.runtime.schedule import Schedule, build_schedule
+from liac.runtime.sequences import HostTokens, PromptBatch, StopState
 from liac.runtime.staging import Streamer
+from liac.runtime.text import TokenizerSource, decode, encode_prompts, is_batch_encoding
 from liac.runtime.weights import (Checkpoint, Progress, RandomWeights, WeightStore, fill_random, load_checkpoint)
 from liac.sizes import GIB, numel
 
 __all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES", "check_request",
-           "resolve_plan"]
+           "resolve_plan", "request_limits", "DTYPES"]
 
 SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
 class Generation:
-    """The result of `Engine.generate`."""
+    """The result of `Engine.generate`: token ids, text when a tokenizer is known, and timings."""
 
-    token_ids: torch.Tensor        # [B, M] new tokens, int64, on the host
+    token_ids: torch.Tensor        # [B, M] new tokens, int64, on the host; after its EOS a row holds padding
     logits: torch.Tensor | None    # [B, M, vocab] float32 on the host: the logits each token was picked from
     prefill_seconds: float         # prompt → first token
     decode_seconds: float          # the M - 1 decode steps
-    prompt_len: int
+    prompt_len: int                # padded prompt width P (the longest prompt)
     transfers: dict | None = None  # what this call moved between the devices (TransferCounts.totals keys)
+    lengths: tuple[int, ...] = ()  # new tokens per sequence, its EOS included (default: M each)
+    finish_reasons: tuple[str, ...] = ()  # per sequence: 'eos' or 'length' (the token limit)
+    prompt_lengths: tuple[int, ...] = ()  # real prompt tokens per sequence (default: P each)
+    text: tuple[str, ...] | None = None   # per sequence, the new tokens decoded (special tokens left out)
+
+    def __post_init__(self):
+        batch, width = self.token_ids.shape
+        if not self.lengths:
+            object.__setattr__(self, "lengths", (width,) * batch)
+        if not self.finish_reasons:
+            object.__setattr__(self, "finish_reasons", ("length",) * batch)
+        if not self.prompt_lengths:
+            object.__setattr__(self, "prompt_lengths", (self.prompt_len,) * batch)
 
     @property
     def decode_steps(self) -> int:
         return self.token_ids.shape[1] - 1
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        """Each sequence's new tokens, up to and including its EOS."""
+        return [row[:n] for row, n in zip(self.token_ids.tolist(), self.lengths)]
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens (all sequences, up to their EOS) per second of prefill + decode."""
+        return sum(self.lengths) / self.seconds if self.seconds > 0 else float("nan")
 
 
 def resolve_plan(plan: OffloadPlan | str | os.PathLike) -> tuple[OffloadPlan, str]:
@@ -90,7 +126,7 @@ class _Options:
 
 def _plan_dtype(plan: OffloadPlan) -> torch.dtype:
     """The dtype the plan's model is stored and computed in (bf16 unless its config says otherwise)."""
-    return _DTYPES.get(plan.model_config.dtype, torch.bfloat16)
+    return DTYPES.get(plan.model_config.dtype, torch.bfloat16)
 
 
 def _scheduled(plan: OffloadPlan, source: str, backend: Backend, dtype: torch.dtype) -> Schedule:
@@ -128,12 +164,13 @@ class Engine:
         self.cpu_linear = cpu_linear                    # (small-M CPU kernel, measured GB/s or None)
         self.build_seconds = build_seconds
         self.closed = False
+        self.text = TokenizerSource()  # the tokenizer, for text prompts (from_plan sets it)
 
     @classmethod
     def from_plan(cls, plan: OffloadPlan | str | os.PathLike,
                   weights: str | os.PathLike | RandomWeights | HostWeights, *, emulate_gpu: bool | None = None,
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
-                  stream_log: list | None = None, cpu_kernel: str = "auto") -> "Engine":
+                  stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -148,6 +185,8 @@ class Engine:
             stream_log: a list to receive the streamer's issue/wait/release calls (tests).
             cpu_kernel: the small-M CPU projection kernel: 'auto' (measure F.linear and torch.mv on this plan's CPU
                 weights, runtime/kernels.py), 'linear' or 'mv'.
+            tokenizer: for text prompts: a transformers tokenizer or the directory it is saved in; default the
+                checkpoint directory `weights` (loaded on first use).
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -156,10 +195,14 @@ class Engine:
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
-            return cls._from_host_weights(plan, source, weights, options, began)
-        if isinstance(weights, RandomWeights):
-            return cls._from_random(plan, source, weights, options, began)
-        return cls._from_checkpoint(plan, source, weights, options, began)
+            engine = cls._from_host_weights(plan, source, weights, options, began)
+        elif isinstance(weights, RandomWeights):
+            engine = cls._from_random(plan, source, weights, options, began)
+        else:
+            engine = cls._from_checkpoint(plan, source, weights, options, began)
+        # text prompts: the given tokenizer, else the checkpoint's own (loaded on first use)
+        engine.text = TokenizerSource(tokenizer, Path(weights) if isinstance(weights, (str, os.PathLike)) else None)
+        return engine
 
     # -- one constructor per weight source: each checks what it must, then `_assemble` places the model ------------
     @classmethod
@@ -282,8 +325,44 @@ class Engine:
     def check_request(self, batch: int, prompt_len: int, max_new_tokens: int) -> None:
         check_request(self.plan, batch, prompt_len, max_new_tokens)
 
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (transformers), loaded on first use; LiacError when there is none."""
+        return self.text.tokenizer()
+
+    def prompts(self, prompt, attention_mask=None, chat: bool = False) -> tuple[PromptBatch, bool]:
+        """Any prompt form `generate` takes → (left-padded PromptBatch, whether it is text or a tokenizer's
+        output: then EOS stops it and its output is decoded, when a tokenizer is known)."""
+        if isinstance(prompt, str) or (isinstance(prompt, (list, tuple)) and prompt
+                                       and all(isinstance(p, str) for p in prompt)):
+            rows = encode_prompts(self.tokenizer, [prompt] if isinstance(prompt, str) else list(prompt), chat)
+            return self._checked(PromptBatch.from_lists(rows, self.text.pad_id())), True
+        if chat:
+            raise LiacError("chat", "applies to text prompts only, got token ids")
+        if isinstance(prompt, PromptBatch):
+            return self._checked(prompt), False
+        if is_batch_encoding(prompt):
+            ids = self._ids(prompt["input_ids"])
+            mask = prompt.get("attention_mask") if attention_mask is None else attention_mask
+            return self._checked(PromptBatch.from_tensor(ids, mask, self.text.pad_id())), True
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(r, (list, tuple)) for r in prompt) \
+                and len({len(r) for r in prompt}) > 1:  # token id lists of different lengths: pad them
+            rows = [self._ids(r)[0].tolist() for r in prompt]
+            return self._checked(PromptBatch.from_lists(rows, self.text.pad_id(), "input_ids")), False
+        ids = self._ids(prompt)
+        return self._checked(PromptBatch.from_tensor(ids, attention_mask, self.text.pad_id())), False
+
+    def _checked(self, batch: PromptBatch) -> PromptBatch:
+        if batch.ids.numel() and int(batch.ids.max()) >= self.cfg.vocab_size:
+            raise LiacError("input_ids", f"token ids must be in 0..{self.cfg.vocab_size - 1}")
+        return batch
+
     def _ids(self, input_ids) -> torch.Tensor:
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device="cpu")
+        try:
+            ids = torch.as_tensor(input_ids, dtype=torch.long, device="cpu")
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise LiacError("input_ids", "must be a string, a list of strings, token ids ([prompt_len] or [batch, "
+                                         "prompt_len]) or a tokenizer's BatchEncoding") from e
         if ids.dim() == 1:
             ids = ids[None]
         if ids.dim() != 2:
@@ -297,65 +376,140 @@ class Engine:
             raise LiacError("engine", f"is closed (plan '{self.plan.metadata.name}'): build a new one")
 
     @torch.inference_mode()
-    def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False) -> Generation:
-        """Greedy generation of `max_new_tokens` tokens for each prompt in `input_ids` [B, P]."""
+    def generate(self, prompt, max_new_tokens: int | None = None, return_logits: bool = False, *,
+                 attention_mask=None, chat: bool = False, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, sampling: Sequence[SamplingParams] | None = None,
+                 eos_token_id: int | Sequence[int] | None | str = "auto", streamer=None,
+                 on_step: Callable[[int, list[int]], None] | None = None) -> Generation:
+        """Generate up to `max_new_tokens` tokens per prompt.
+
+        Args:
+            prompt: a string or a list of strings (tokenized with the checkpoint's tokenizer; `chat` applies its
+                chat template), token ids ([P] or [B, P], a tensor or lists, lists of different lengths allowed), or
+                a tokenizer's BatchEncoding (`input_ids` and `attention_mask`, padded on either side). Prompts of
+                different lengths are left-padded and masked.
+            max_new_tokens: at most this many new tokens per sequence (default: the plan's gen_len).
+            return_logits: keep the logits each token was chosen from (`Generation.logits`).
+            attention_mask: [B, P] for token-id prompts with padding (1: token, 0: padding).
+            temperature, top_p, top_k, seed: sampling (runtime/sampling.py); temperature 0 (default) is greedy.
+            sampling: one SamplingParams per sequence instead (they may differ).
+            eos_token_id: the token id(s) that end a sequence; 'auto' (default): the tokenizer's EOS (and the
+                checkpoint's generation_config.json) for text and BatchEncoding prompts, none for token ids (they
+                run to `max_new_tokens`); None: never stop early.
+            streamer: an object with HF's streamer protocol (`put`, `end`; e.g. transformers.TextStreamer), for
+                a batch of one: it gets the prompt, then each new token as soon as the host has it.
+            on_step: called as `on_step(step, token_ids)` with each step's new token per sequence (the host's
+                copy; a step late when the tokens are chosen on the GPU, so the GPU never waits for it).
+
+        Returns:
+            Generation: token ids [B, M] (M the most any sequence produced), per sequence its length, finish reason
+            ('eos' or 'length') and, for text prompts, the decoded text; prefill and decode seconds.
+        """
         self._open()
-        ids = self._ids(input_ids)
-        batch, prompt_len = ids.shape
-        self.check_request(batch, prompt_len, max_new_tokens)
+        batch, textual = self.prompts(prompt, attention_mask, chat)
+        if max_new_tokens is None:
+            max_new_tokens = self.plan.spec.workload.gen_len
+        self.check_request(batch.size, batch.width, max_new_tokens)
+        if sampling is None:
+            sampling = [SamplingParams(temperature, top_p, top_k, seed)] * batch.size
+        elif len(sampling) != batch.size:
+            raise LiacError("sampling", f"must hold one SamplingParams per sequence ({batch.size}), got "
+                                        f"{len(sampling)}")
+        if eos_token_id == "auto":
+            eos = self.text.eos_ids() if textual and self.text.available() else ()
+        elif eos_token_id is None:
+            eos = ()
+        else:
+            eos = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+        if streamer is not None:
+            if batch.size != 1:
+                raise LiacError("streamer", f"streams one sequence, got a batch of {batch.size}")
+            streamer.put(batch.ids[:, int(batch.pad[0]):])
+        stops = StopState(batch.size, eos, self.text.pad_id() if eos else 0)
         try:
-            return self._generate(ids, max_new_tokens, return_logits)
+            out = self._generate(batch, max_new_tokens, return_logits, Sampler(sampling), stops, streamer, on_step)
         except torch.cuda.OutOfMemoryError as e:
             raise LiacError("host", "CUDA out of memory during generation: the activations do not fit next to "
                                     "what the plan reserved (spec.memory.hbm_bytes leaves too little free)") from e
+        if streamer is not None:
+            streamer.end()
+        if textual and self.text.available():
+            tokenizer = self.tokenizer
+            out = _with_text(out, tuple(decode(tokenizer, row) for row in out.sequences))
+        return out
 
-    def _generate(self, ids: torch.Tensor, max_new_tokens: int, return_logits: bool) -> Generation:
-        batch, prompt_len = ids.shape
+    def _generate(self, batch: PromptBatch, max_new_tokens: int, return_logits: bool, sampler: Sampler,
+                  stops: StopState, streamer=None, on_step=None) -> Generation:
+        ids = batch.ids
+        size, prompt_len = ids.shape
         executor, sync = self.executor, self.backend.synchronize
         moved = self.backend.transfers.totals()
         prefill_head = executor.head_device["prefill"]
         decode_head = executor.head_device["decode"]
         feed = executor.decode_embed_device
+        pad = executor.padding(batch.pad)
+        pick = (lambda logits: stops.apply(sampler(logits))) if (stops.eos_ids or not sampler.greedy) else greedy
+        watch = HostTokens(self.backend, streamer, on_step, stops) \
+            if (stops.eos_ids or streamer is not None or on_step is not None) else None
         sync()
         began = time.perf_counter()
-        frame = executor.forward("prefill", ids, 0)
+        frame = executor.forward("prefill", ids, 0, pad=pad, pick=pick)
         if max_new_tokens > 1:
-            executor.prime_decode(batch, prompt_len)
+            executor.prime_decode(size, prompt_len)
         tokens = [frame.vals["next"][prefill_head]]
         logits = [frame.logits] if return_logits else []
         sync()
         prefilled = time.perf_counter()
+        if watch is not None:
+            watch.push(tokens[0])
+            watch.observe(0)
         for step in range(1, max_new_tokens):
+            if watch is not None and watch.done:
+                break
             start = prompt_len + step - 1
-            frame = executor.forward("decode", frame.vals["next"][feed], start)
+            frame = executor.forward("decode", frame.vals["next"][feed], start, pad=pad, pick=pick)
             if step < max_new_tokens - 1:
-                executor.prime_decode(batch, start + 1)
+                executor.prime_decode(size, start + 1)
             tokens.append(frame.vals["next"][decode_head])
             if return_logits:
                 logits.append(frame.logits)
+            if watch is not None:
+                watch.push(tokens[-1])
+                watch.observe(step if tokens[-1].device.type == "cpu" else step - 1)  # the GPU runs a step ahead
         sync()
         done = time.perf_counter()
         token_ids = torch.cat([t.to("cpu") for t in tokens], dim=1)
         stacked = torch.stack([l.float().to("cpu") for l in logits], dim=1) if return_logits else None
+        if watch is not None:
+            watch.observe(len(tokens) - 1)
+        lengths = stops.lengths(token_ids)
+        width = max(lengths)  # a step run after every sequence had finished adds only padding
+        token_ids = token_ids[:, :width]
+        stacked = stacked[:, :width] if stacked is not None else None
+        reasons = tuple("eos" if token_ids[b, n - 1].item() in stops.eos_ids else "length"
+                        for b, n in enumerate(lengths))
         after = self.backend.transfers.totals()
         return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len,
-                          {key: after[key] - moved[key] for key in after})
+                          {key: after[key] - moved[key] for key in after}, tuple(lengths), reasons,
+                          tuple(batch.lengths))
 
     @torch.inference_mode()
-    def profile(self, input_ids, decode_steps: int) -> dict[tuple, float]:
+    def profile(self, input_ids, decode_steps: int, attention_mask=None) -> dict[tuple, float]:
         """Per-op mean seconds (per layer, per pass) from a separate synchronised pass: prefill + decode steps.
 
         Returns (group, sublayers, phase, device) → mean seconds. Not timed with `generate`, so it never slows it.
         """
         self._open()
-        ids = self._ids(input_ids)
-        batch, prompt_len = ids.shape
-        self.check_request(batch, prompt_len, decode_steps + 1)
+        batch, _ = self.prompts(input_ids, attention_mask)
+        ids = batch.ids
+        size, prompt_len = ids.shape
+        self.check_request(size, prompt_len, decode_steps + 1)
+        pad = self.executor.padding(batch.pad)
         timings: dict[tuple, list[float]] = {}
-        frame = self.executor.forward("prefill", ids, 0, timings)
+        frame = self.executor.forward("prefill", ids, 0, timings, pad=pad)
         feed = self.executor.decode_embed_device
         for step in range(decode_steps):
-            frame = self.executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings)
+            frame = self.executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings, pad=pad)
         return {key: sum(values) / len(values) for key, values in timings.items()}
 
     def memory_report(self) -> dict[str, dict[str, int | bool | None]]:
@@ -387,20 +541,36 @@ class Engine:
         }
 
 
+def request_limits(plan: OffloadPlan) -> tuple[int, int, int]:
+    """(batch, prompt tokens, prompt + new tokens) a plan holds at most: its KV cache is sized for its context."""
+    work = plan.spec.workload
+    return work.batch_size, work.prompt_len, work.prompt_len + work.gen_len
+
+
 def check_request(plan: OffloadPlan, batch: int, prompt_len: int, max_new_tokens: int, flags: bool = False) -> None:
-    """Refuse a request beyond the plan's workload (its KV cache and buffers are sized for it).
+    """Refuse a request the plan cannot hold. The plan's workload is a maximum: any batch up to its batch_size and
+    any prompt up to its prompt_len run, with as many new tokens as its context (prompt_len + gen_len) leaves, so a
+    shorter prompt may generate more than gen_len. (The KV cache and the staging buffers are sized for the plan's
+    workload, the activations for its prompt.)
 
     Args:
         flags: name the lia-run flags ('--prompt-len') in the error instead of the API's arguments.
     """
     work = plan.spec.workload
-    for flag, arg, value, limit, field in (("--batch", "input_ids", batch, work.batch_size, "batch_size"),
-                                           ("--prompt-len", "input_ids", prompt_len, work.prompt_len, "prompt_len"),
-                                           ("--gen-len", "max_new_tokens", max_new_tokens, work.gen_len, "gen_len")):
+    name = plan.metadata.name
+    for flag, arg, value, limit, what, key in (
+            ("--batch", "input_ids", batch, work.batch_size, "batch", "batch_size"),
+            ("--prompt-len", "input_ids", prompt_len, work.prompt_len, "prompt length", "prompt_len")):
         if value < 1 or value > limit:
-            what = {"batch_size": "batch", "prompt_len": "prompt length", "gen_len": "new tokens"}[field]
             raise LiacError(flag if flags else arg, f"{what} must be between 1 and {limit} "
-                            f"(spec.workload.{field} of plan '{plan.metadata.name}'), got {value}")
+                            f"(spec.workload.{key} of plan '{name}'), got {value}")
+    context = work.prompt_len + work.gen_len
+    most = context - prompt_len
+    if max_new_tokens < 1 or max_new_tokens > most:
+        raise LiacError("--gen-len" if flags else "max_new_tokens",
+                        f"new tokens must be between 1 and {most} (the context of plan '{name}' is "
+                        f"spec.workload.prompt_len + gen_len = {context} tokens, the prompt takes {prompt_len}), "
+                        f"got {max_new_tokens}")
 
 
 def _copy_from_shared(shared: HostWeights, store: WeightStore, own: list[tuple[str, str]],
@@ -453,3 +623,7 @@ def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Sche
         raise LiacError(source, f"needs {host_need / GIB:.2f} GiB of host memory, {available / GIB:.2f} GiB are "
                                 f"available (short by {(host_need - available) / GIB:.2f} GiB)",
                         path="spec.memory.ddr_bytes")
+
+
+def _with_text(out: Generation, text: tuple[str, ...]) -> Generation:
+    return replace(out, text=text)

@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # runtime_plans.py sits beside the tests
 
 import torch  # noqa: E402
-from runtime_plans import FAMILIES, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class, save_hf_checkpoint  # noqa: E402
+from runtime_plans import (FAMILIES, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class, save_hf_checkpoint,  # noqa: E402
+                           save_text_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +28,16 @@ def checkpoints(tmp_path_factory):
 
     return get
 
+
+@pytest.fixture(scope="session")
+def text_checkpoint(tmp_path_factory):
+    """(directory, ModelConfig, HF fp32 model, tokenizer): a random 2-layer Llama over a BPE tokenizer trained with
+    the `tokenizers` library, saved with its tokenizer files."""
+    from liac.runtime.text import load_tokenizer
+
+    directory = tmp_path_factory.mktemp("text") / "tiny-text"
+    cfg, model = save_text_checkpoint(directory)
+    return directory, cfg, model, load_tokenizer(directory)
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ from liac.runtime.backend import EmulatedBackend
 
 __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "PinningBackend", "make_test_backend",
            "hf_config", "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close",
-           "placement"]
+           "placement", "TINY", "TEXT", "CHAT_TEMPLATE", "train_tokenizer", "save_text_checkpoint", "hf_text_generate"]
 
 # The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
 BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
@@ -85,6 +85,11 @@ def hf_config(family: str, layers: int = 3):
     return transformers.Qwen2Config(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6,
                                     rope_theta=10000.0, tie_word_embeddings=True, use_sliding_window=False, **common)
 
+
+# A tiny OPT for CLI and metrics tests that need no checkpoint (random weights).
+TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4,
+                   head_dim=8, ffn_dim=64, vocab_size=50, max_position=64, norm="layernorm", norm_eps=1e-5,
+                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
 
 # The prompt and length of the parity tests (test_parity.py, test_split.py) against HF's greedy tokens.
 NEW_TOKENS = 16
@@ -265,3 +270,58 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
     name = f"{cfg.name}.test-host.b{batch}-p{prompt_len}-g{gen_len}"
     return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
 
+
+
+# A tokenizer trained here with the `tokenizers` library (no download), for the text tests.
+TEXT = ["the cat sat on the mat", "a dog ran in the park", "the sun is warm today", "birds sing in the morning",
+        "the plan says where each layer runs"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def train_tokenizer():
+    """A byte-level BPE (vocabulary 300) trained on TEXT: '<pad>' 0, '<s>' 1 (starts every text), '</s>' 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TEXT, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def save_text_checkpoint(directory, seed: int = 0):
+    """A random 2-layer Llama over `train_tokenizer()`, saved with the tokenizer files → (ModelConfig, HF model)."""
+    import transformers
+
+    tokenizer = train_tokenizer()
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, initializer_range=0.2, tie_word_embeddings=False,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return from_hf_config(json.loads((directory / "config.json").read_text()), name=directory.name), model
+
+
+def hf_text_generate(model, tokenizer, prompts, new_tokens, eos=None, chat=False):
+    """HF generate on the tokenizer's own left-padded batch → the decoded new text per prompt."""
+    import transformers
+
+    if chat:
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                 add_generation_prompt=True) for p in prompts]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not chat)
+    config = transformers.GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
+                                           pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    with torch.no_grad():
+        out = model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1]:]
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in out], out

@@ -83,14 +83,19 @@ def test_requests_beyond_the_workload_are_refused():
                               backend=EmulatedBackend())
     cases = ((torch.zeros(2, 7, dtype=torch.long), 2, "prompt length must be between 1 and 6"),
              (torch.zeros(3, 2, dtype=torch.long), 2, "batch must be between 1 and 2"),
-             (torch.zeros(1, 2, dtype=torch.long), 5, "new tokens must be between 1 and 4"),
+             (torch.zeros(1, 6, dtype=torch.long), 5, "new tokens must be between 1 and 4"),
+             (torch.zeros(1, 2, dtype=torch.long), 9, "new tokens must be between 1 and 8"),  # context 6 + 4
              (torch.full((1, 2), 40), 2, "token ids must be in 0..39"))
     for ids, new_tokens, fragment in cases:
         with pytest.raises(LiacError) as error:
             engine.generate(ids, new_tokens)
         assert fragment in error.value.message
-    # smaller than the workload is fine
+    # smaller than the workload is fine, and a shorter prompt may use the rest of the context for new tokens
     assert engine.generate(torch.zeros(1, 3, dtype=torch.long), 2).token_ids.shape == (1, 2)
+    prompt = torch.tensor([[3, 1]])
+    longer = Engine.from_plan(make_plan(TINY, "gpu", batch=2, prompt_len=6, gen_len=8), RandomWeights(0),
+                              backend=EmulatedBackend())
+    assert torch.equal(engine.generate(prompt, 8).token_ids, longer.generate(prompt, 8).token_ids)
 
 
 def test_metrics_memory_report_matches_arenas():
