@@ -1,70 +1,113 @@
-"""`lia-run`: execute an offload plan. Thin: parse, check the request, Engine.from_plan, generate, report, exit.
+"""`lia-run`: execute an offload plan. Thin: parse, build the request, pick the plan, Engine.from_plan, generate,
+report, exit.
 
-    lia-run PLAN.yaml (--weights DIR | --random-weights SEED) [--prompt-len N | --prompt-ids FILE] [--gen-len M]
-            [--batch B] [--metrics-out FILE] [--profile-steps K] [--emulate-gpu]
+    lia-run PLAN|SWEEP_DIR (--weights DIR | --random-weights SEED)
+            [--prompt TEXT ... | --prompt-file FILE | --prompt-len N | --prompt-ids FILE] [--chat] [--gen-len M]
+            [--batch B] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
+            [--json | --jsonl] [--metrics-out FILE] [--profile-steps K] [--dtype D] [--emulate-gpu]
 
-A LiacError prints as one line on stderr and exits 2 (nothing is written); anything else is a bug and keeps its
-traceback. Every flag has an API twin (docs/runtime.md).
+stdout carries what was generated: text (one sequence streamed as it is produced; a batch, each sequence when it
+is done), or token ids, or with --json one JSON document (--jsonl: one JSON line per sequence when it is done);
+stderr carries everything about the run (the plan chosen, progress bars on a terminal, notes, the timing summary).
+Exit status: 0 done; 2 bad input or environment (one line on stderr, nothing written); 130 interrupted. Anything
+else is a bug and keeps its traceback. docs/cli.md lists every flag; each has an API twin (docs/runtime.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
+from dataclasses import dataclass
 
 import torch
 
 from liac.cli import OneLineParser, version_text
 from liac.errors import EXIT_USER_ERROR, LiacError
-from liac.runtime.engine import Engine, RandomWeights, check_request, resolve_plan
+from liac.runtime.engine import DTYPES, Engine, Generation, RandomWeights, check_request, resolve_plan
 from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
+from liac.runtime.sampling import SamplingParams
+from liac.runtime.sequences import PromptBatch
+from liac.runtime.sweep import is_sweep, plan_for_request
+from liac.runtime.text import decode, encode_prompts, load_tokenizer, pad_token_id
 
-__all__ = ["main", "build_parser", "read_prompt_ids"]
+__all__ = ["main", "build_parser", "read_prompt_ids", "read_prompt_file", "EXIT_INTERRUPTED"]
 
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"must be a positive integer, got '{text}'") from None
-    if value < 1:
-        raise ValueError(f"must be a positive integer, got '{text}'")
-    return value
+EXIT_INTERRUPTED = 130
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+def _checked(convert, ok, rule: str):
+    """An argparse type: `convert`, then `ok`, else the one-line error 'must be <rule>, got '<text>''."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got '{text}'")
+        return value
+    return parse
+
+
+_positive = _checked(int, lambda v: v >= 1, "a positive integer")
+_count = _checked(int, lambda v: v >= 0, "an integer at least 0")
+_non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a number at least 0")
+_fraction = _checked(float, lambda v: 0 < v <= 1, "a number greater than 0 and at most 1")
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="lia-run", description="Run an offload plan: greedy generation with each sublayer "
-                                                       "on the device and each tensor in the tier the plan names.")
+    parser = OneLineParser(prog="lia-run", description="Run an offload plan: each sublayer on the device and each "
+                                                       "tensor in the tier the plan names; text or token ids in, "
+                                                       "text or token ids out.")
     parser.add_argument("--version", action="version", version=version_text("lia-run"))
-    parser.add_argument("plan", help="offload plan (YAML, from 'liac compile')")
+    parser.add_argument("plan", help="offload plan (YAML, from 'liac compile'), or a sweep directory / its "
+                                     "index.yaml: the plan with the smallest batch that holds the request is run")
     weights = parser.add_mutually_exclusive_group(required=True)
-    weights.add_argument("--weights", metavar="DIR", help="HF checkpoint directory (config.json + *.safetensors)")
+    weights.add_argument("--weights", metavar="DIR", help="HF checkpoint directory (config.json + *.safetensors; "
+                                                          "its tokenizer for text prompts)")
     weights.add_argument("--random-weights", metavar="SEED", type=_count, help="seeded random weights")
     prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", metavar="TEXT", action="append",
+                        help="a text prompt (repeat for a batch); tokenized with the checkpoint's tokenizer")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="text prompts, one a line ('-': standard input)")
     prompt.add_argument("--prompt-len", metavar="N", type=_positive,
                         help="random prompt of N tokens per sequence (default: the plan's prompt_len)")
     prompt.add_argument("--prompt-ids", metavar="FILE",
-                        help="JSON file: a list of token ids, or a list of equal-length lists (one per sequence)")
-    parser.add_argument("--gen-len", metavar="M", type=_positive, help="new tokens (default: the plan's gen_len)")
+                        help="JSON file: a list of token ids, or a list of lists (one per sequence, any lengths)")
+    parser.add_argument("--chat", action="store_true", help="wrap each text prompt in the checkpoint's chat template")
+    parser.add_argument("--gen-len", "--max-new-tokens", dest="gen_len", metavar="M", type=_positive,
+                        help="at most M new tokens per sequence (default: the plan's gen_len; up to what the plan's "
+                             "context leaves)")
     parser.add_argument("--batch", metavar="B", type=_positive,
-                        help="sequences for --prompt-len (default: the plan's batch_size)")
+                        help="sequences for --prompt-len (default: the plan's batch_size; 1 for a sweep)")
+    parser.add_argument("--temperature", metavar="T", type=_non_negative, default=0.0,
+                        help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--top-p", metavar="P", type=_fraction, default=1.0,
+                        help="sample from the most probable tokens whose probabilities add up to P (default 1)")
+    parser.add_argument("--top-k", metavar="K", type=_count, default=0,
+                        help="sample from the K most probable tokens (default 0: no limit)")
+    parser.add_argument("--seed", metavar="S", type=_count, help="sampling seed (same seed, same text)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="do not stop a text sequence at its EOS token: always generate --gen-len tokens")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true",
+                        help="print one JSON document on stdout (outputs and metrics); human text goes to stderr")
+    output.add_argument("--jsonl", action="store_true",
+                        help="print one JSON line per sequence on stdout as soon as it is done")
     parser.add_argument("--metrics-out", metavar="FILE", help="write the run's metrics as JSON (atomically)")
     parser.add_argument("--profile-steps", metavar="K", type=_count, default=4,
-                        help="decode steps of the separate per-sublayer profiling pass (0: skip it; default 4)")
+                        help="decode steps of the separate per-sublayer profiling pass, run when metrics are written "
+                             "(--metrics-out, --json; 0: skip it; default 4)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES),
+                        help="compute and storage dtype (default: the plan's model dtype, bfloat16)")
     parser.add_argument("--emulate-gpu", action="store_true",
                         help="test mode: run 'gpu' sublayers on the CPU behind the GPU interface")
     return parser
 
 
 def read_prompt_ids(path: str) -> list[list[int]]:
-    """A JSON list of ints, or a list of equal-length lists of ints."""
+    """A JSON list of token ids, or a list of non-empty lists of token ids (any lengths: they are left-padded)."""
     try:
         with open(path) as handle:
             data = json.load(handle)
@@ -73,41 +116,199 @@ def read_prompt_ids(path: str) -> list[list[int]]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LiacError("--prompt-ids", f"'{path}' is not valid JSON: {e}") from e
     rows = data if isinstance(data, list) and data and isinstance(data[0], list) else [data]
-    ok = (isinstance(data, list) and all(isinstance(r, list) and r and len(r) == len(rows[0]) for r in rows)
+    ok = (isinstance(data, list) and all(isinstance(r, list) and r for r in rows)
           and all(isinstance(t, int) and not isinstance(t, bool) for r in rows for t in r))
     if not ok:
-        raise LiacError("--prompt-ids", f"'{path}' must hold a non-empty list of token ids or a list of "
-                                        f"equal-length lists of token ids")
+        raise LiacError("--prompt-ids", f"'{path}' must hold a non-empty list of token ids or a list of non-empty "
+                                        f"lists of token ids")
     return rows
 
 
-def run(args) -> int:
-    plan, _ = resolve_plan(args.plan)
-    work = plan.spec.workload
+def read_prompt_file(path: str) -> list[str]:
+    """Text prompts, one a line; blank lines are skipped. '-' reads standard input."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+    except OSError as e:
+        raise LiacError("--prompt-file", f"cannot read '{path}': {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise LiacError("--prompt-file", f"'{path}' is not UTF-8 text: {e}") from e
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise LiacError("--prompt-file", f"'{path}' holds no prompt (one a line)")
+    return prompts
+
+
+@dataclass
+class _Request:
+    """What to generate from: the prompts (None: random ones of the plan's size), their text, the tokenizer."""
+
+    batch: PromptBatch | None
+    texts: list[str] | None = None
+    tokenizer: object = None
+
+
+def _request(args) -> _Request:
+    texts = args.prompt or (read_prompt_file(args.prompt_file) if args.prompt_file else None)
+    if texts is not None:
+        if args.weights is None:
+            raise LiacError("--prompt" if args.prompt else "--prompt-file", "text prompts need --weights DIR: the "
+                            "checkpoint's tokenizer turns them into token ids")
+        tokenizer = load_tokenizer(args.weights)
+        rows = encode_prompts(tokenizer, texts, args.chat, "--prompt" if args.prompt else "--prompt-file")
+        batch = PromptBatch.from_lists(rows, pad_token_id(tokenizer))
+        _check_batch_flag(args, batch.size, "prompts")
+        return _Request(batch, texts, tokenizer)
+    if args.chat:
+        raise LiacError("--chat", "applies to text prompts (--prompt, --prompt-file)")
     if args.prompt_ids:
-        prompt = torch.tensor(read_prompt_ids(args.prompt_ids), dtype=torch.long)
-        if args.batch is not None and args.batch != prompt.shape[0]:
-            raise LiacError("--batch", f"must equal the {prompt.shape[0]} sequences of --prompt-ids, got {args.batch}")
-    else:
-        batch = args.batch or work.batch_size
+        batch = PromptBatch.from_lists(read_prompt_ids(args.prompt_ids), 0, "--prompt-ids")
+        _check_batch_flag(args, batch.size, "sequences of --prompt-ids")
+        return _Request(batch)
+    return _Request(None)
+
+
+def _check_batch_flag(args, size: int, what: str) -> None:
+    if args.batch is not None and args.batch != size:
+        raise LiacError("--batch", f"must equal the {size} {what}, got {args.batch}")
+
+
+def _choose_plan(args, request: _Request) -> str:
+    if not is_sweep(args.plan):
+        return args.plan
+    batch = request.batch.size if request.batch is not None else (args.batch or 1)
+    prompt_len = request.batch.width if request.batch is not None else args.prompt_len
+    chosen = plan_for_request(args.plan, batch, prompt_len, args.gen_len)
+    _say(f"sweep {args.plan}: running {chosen.name} (the smallest planned batch that holds batch {batch})")
+    return str(chosen)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"lia-run: {line}\n")
+    sys.stderr.flush()
+
+
+class _Printer:
+    """Sends each finished sequence to stdout as text (`[i] ...`) or as a JSON line (--jsonl), as it finishes."""
+
+    def __init__(self, request: _Request, eos: tuple[int, ...], jsonl: bool):
+        size = request.batch.size
+        self.request, self.eos, self.jsonl = request, eos, jsonl
+        self.tokens: list[list[int]] = [[] for _ in range(size)]
+        self.printed = [False] * size
+
+    def step(self, step: int, row: list[int]) -> None:
+        for index, token in enumerate(row):
+            if self.printed[index]:
+                continue
+            self.tokens[index].append(token)
+            if token in self.eos:
+                self.emit(index, "eos")
+
+    def emit(self, index: int, reason: str) -> None:
+        self.printed[index] = True
+        tokens = self.tokens[index]
+        if self.jsonl:
+            print(json.dumps(_output(self.request, index, tokens, reason)), flush=True)
+        else:
+            print(f"[{index}] {decode(self.request.tokenizer, tokens)}", flush=True)
+
+    def finish(self, generation: Generation) -> None:
+        for index, (tokens, reason) in enumerate(zip(generation.sequences, generation.finish_reasons)):
+            if not self.printed[index]:
+                self.tokens[index] = tokens
+                self.emit(index, reason)
+
+
+def _output(request: _Request, index: int, tokens: list[int], reason: str) -> dict:
+    out = {"index": index, "prompt_tokens": request.batch.lengths[index] if request.batch is not None else None,
+           "new_tokens": len(tokens), "finish_reason": reason, "token_ids": tokens}
+    if request.texts is not None:
+        out.update(prompt=request.texts[index], text=decode(request.tokenizer, tokens))
+    return out
+
+
+class _Bar:
+    """A tqdm bar over decode steps on stderr (only when stderr is a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="lia-run: generating", unit="tok", file=sys.stderr, leave=False)
+
+    def step(self, step: int, row: list[int]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args) -> int:
+    request = _request(args)
+    plan_path = _choose_plan(args, request)
+    plan, _ = resolve_plan(plan_path)
+    work = plan.spec.workload
+    if request.batch is None:  # random prompts, the plan's size unless asked otherwise
+        batch = args.batch or (1 if is_sweep(args.plan) else work.batch_size)
         length = args.prompt_len or work.prompt_len
         check_request(plan, batch, length, 1, flags=True)
         generator = torch.Generator().manual_seed(args.random_weights or 0)
-        prompt = torch.randint(0, plan.model_config.vocab_size, (batch, length), generator=generator)
+        request.batch = PromptBatch.from_tensor(torch.randint(0, plan.model_config.vocab_size, (batch, length),
+                                                              generator=generator))
     gen_len = args.gen_len or work.gen_len
-    check_request(plan, prompt.shape[0], prompt.shape[1], gen_len, flags=True)
+    check_request(plan, request.batch.size, request.batch.width, gen_len, flags=True)
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     weights = RandomWeights(args.random_weights) if args.random_weights is not None else args.weights
-    engine = Engine.from_plan(args.plan, weights, emulate_gpu=True if args.emulate_gpu else None, progress=True)
-    generation = engine.generate(prompt, gen_len)
-    profile = engine.profile(prompt, min(args.profile_steps, gen_len - 1)) if args.profile_steps else {}
+    tty = sys.stderr.isatty()
+    engine = Engine.from_plan(plan_path, weights, emulate_gpu=True if args.emulate_gpu else None, progress=tty,
+                              tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None)
+    text = request.texts is not None
+    eos = engine.text.eos_ids() if text and not args.ignore_eos else ()
+    streamer, printer = None, None
+    if text and request.batch.size == 1 and not (args.json or args.jsonl):
+        from transformers import TextStreamer  # text prompts already needed transformers
+
+        streamer = TextStreamer(request.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    elif not args.json and (text or args.jsonl):
+        printer = _Printer(request, eos, args.jsonl)
+    bar = _Bar(gen_len, tty and streamer is None)
+
+    def on_step(step: int, row: list[int]) -> None:
+        bar.step(step, row)
+        if printer is not None:
+            printer.step(step, row)
+
+    try:
+        generation = engine.generate(request.batch, gen_len, sampling=[sampling] * request.batch.size,
+                                     eos_token_id=eos or None, streamer=streamer, on_step=on_step)
+    finally:
+        bar.close()
+    if printer is not None:
+        printer.finish(generation)
+    elif not args.json and not text:
+        for index, row in enumerate(generation.sequences):
+            print(f"tokens[{index}]: " + " ".join(str(t) for t in row))
+    want_metrics = bool(args.metrics_out or args.json)
+    steps = min(args.profile_steps, generation.decode_steps) if want_metrics else 0
+    profile = engine.profile(request.batch, steps) if steps else {}
     metrics = build_metrics(engine, generation, profile)
     for line in summary_lines(metrics):
-        print(line)
-    shown = generation.token_ids[0].tolist()
-    print("tokens[0]: " + " ".join(str(t) for t in shown[:32]) + (" …" if len(shown) > 32 else ""))
+        _say(line)
+    if args.json:
+        outputs = [_output(request, index, tokens, reason) for index, (tokens, reason)
+                   in enumerate(zip(generation.sequences, generation.finish_reasons))]
+        print(json.dumps({"plan_file": str(plan_path), "outputs": outputs, "metrics": metrics}, indent=2,
+                         sort_keys=True))
     if args.metrics_out:
         write_metrics(args.metrics_out, metrics)
-        print(f"metrics: {args.metrics_out}")
+        _say(f"metrics: {args.metrics_out}")
     return 0
 
 
@@ -122,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"lia-run: {e.line()}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        sys.stderr.write("\nlia-run: interrupted (nothing was written)\n")
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -2,6 +2,17 @@
 
 This is the only module of the runtime that reads `plan.status`, and only to print the compiler's predictions next
 to what was measured: nothing the runtime does depends on it.
+
+A plan's workload is a maximum, so a run may be smaller than what the plan was priced for; `request_prediction`
+scales the plan's prediction to the run (reporting only) with a first-order rule over the plan's per-sublayer
+times, exact at the plan's own workload:
+  prefill  each sublayer's compute and transfer time × the token ratio (b·p) / (B·P), attention's compute
+           × (b·p²) / (B·P²); streamed weights unchanged; the phase time scaled as the sum of its sublayers is
+  decode   attention's compute × (b·c) / (B·C) (c, C: mean context of a step), transfers × b / B; the other compute
+           and streaming unchanged (reading the weights dominates a decode step whatever the batch)
+  total    prefill + decode per token × (new tokens − 1); tokens/s = b × new tokens / total
+(b, p: the run's batch and prompt; B, P, G: the plan's.) Small prefills that turn compute-bound GEMMs memory-bound
+take longer than this estimate.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from liac.runtime.kernels import cpu_backend
 from liac.schema_tools import stable_float
 from liac.sizes import GIB
 
-__all__ = ["build_metrics", "write_metrics", "summary_lines", "METRICS_VERSION"]
+__all__ = ["build_metrics", "write_metrics", "summary_lines", "request_prediction", "METRICS_VERSION"]
 
 METRICS_VERSION = 1
 
@@ -29,6 +40,40 @@ def _predicted_sublayers(plan: OffloadPlan) -> dict[tuple[str, str, str], tuple[
     # Reporting only: status is the compiler's observation, never an input to execution.
     return {(t.group, t.name, t.phase): (t.compute_seconds, t.transfer_seconds, t.stream_seconds)
             for t in plan.status.predicted.sublayers}
+
+
+_ATTENTION = ("attn_score", "attn_context")
+
+
+def request_prediction(plan: OffloadPlan, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    """The plan's prediction scaled to a request within its workload (see the module docstring)."""
+    work, predicted = plan.spec.workload, plan.status.predicted  # reporting only
+    counts = {g.name: g.layer_count for g in plan.spec.layer_groups}
+    tokens = batch * prompt_len / (work.batch_size * work.prompt_len)
+    context = (prompt_len + (new_tokens - 1) / 2) / (work.prompt_len + (work.gen_len - 1) / 2)
+    ratios = {("prefill", True): tokens * prompt_len / work.prompt_len, ("prefill", False): tokens,
+              ("decode", True): batch / work.batch_size * context, ("decode", False): None}
+
+    def phase_factor(phase: str) -> float:
+        before = after = 0.0
+        for t in predicted.sublayers:
+            if t.phase != phase:
+                continue
+            count = counts.get(t.group, 1)
+            attention = t.name in _ATTENTION
+            compute_ratio = ratios[(phase, attention)]
+            transfer_ratio = tokens if phase == "prefill" else batch / work.batch_size
+            before += count * (t.compute_seconds + t.transfer_seconds + t.stream_seconds)
+            after += count * (t.compute_seconds * (1.0 if compute_ratio is None else compute_ratio)
+                              + t.transfer_seconds * transfer_ratio + t.stream_seconds)
+        return after / before if before > 0 else 1.0
+
+    prefill = predicted.prefill_seconds * phase_factor("prefill")
+    per_token = predicted.decode_seconds_per_token * phase_factor("decode")
+    total = prefill + per_token * (new_tokens - 1)
+    return {"batch_size": batch, "prompt_len": prompt_len, "gen_len": new_tokens,
+            "prefill_ms": _ms(prefill), "decode_ms_per_token": _ms(per_token), "total_ms": _ms(total),
+            "tokens_per_second": stable_float(batch * new_tokens / total) if total > 0 else None}
 
 
 def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> dict:
@@ -74,7 +119,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                     "cpu_small_m_gb_per_s": ({k: stable_float(v) for k, v in engine.cpu_linear[1].items()}
                                              if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
-                "decode_steps": steps},
+                "decode_steps": steps, "generated_tokens": sum(generation.lengths)},
         "prefill_ms": _ms(generation.prefill_seconds),
         "decode_ms": _ms(generation.decode_seconds),
         "decode_ms_per_token": _ms(generation.decode_seconds / steps) if steps else None,
@@ -84,6 +129,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                       "decode_ms_per_token": _ms(predicted.decode_seconds_per_token),
                       "tokens_per_second": stable_float(predicted.tokens_per_second),
                       "total_ms": _ms(predicted.total_seconds)},
+        "predicted_for_request": request_prediction(plan, batch, generation.prompt_len, new_tokens),
         "sublayers": sublayers,
         "memory": memory,
         "transfers": dict(transfers),
@@ -110,6 +156,11 @@ def summary_lines(metrics: dict) -> list[str]:
     predicted = metrics["predicted"]
     lines.append(f"plan predicted: prefill {predicted['prefill_ms']:.2f} ms, decode "
                  f"{predicted['decode_ms_per_token']:.2f} ms/token, {predicted['tokens_per_second']:.1f} tokens/s")
+    scaled = metrics.get("predicted_for_request")
+    if scaled and (scaled["prefill_ms"], scaled["decode_ms_per_token"]) != (predicted["prefill_ms"],
+                                                                          predicted["decode_ms_per_token"]):
+        lines.append(f"  scaled to this run: prefill {scaled['prefill_ms']:.2f} ms, decode "
+                     f"{scaled['decode_ms_per_token']:.2f} ms/token, {scaled['tokens_per_second']:.1f} tokens/s")
     for row in metrics["memory"]:
         peak = row["peak_bytes"]
         lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / GIB:.3f} GiB of "

@@ -17,16 +17,16 @@ import hashlib
 import json
 import struct
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from liac.errors import LiacError
 from liac.models import family_module
 from liac.models.config import ModelConfig, from_hf_config
-from liac.sizes import GIB, numel
+from liac.sizes import numel
 
 __all__ = ["Checkpoint", "RandomWeights", "WeightStore", "load_checkpoint", "fill_random", "Progress",
            "CHUNK_BYTES"]
@@ -50,25 +50,19 @@ class _Entry:
 
 
 class Progress:
-    """A plain-text progress line on stderr ('\\r'-updated on a terminal, every 10 % otherwise)."""
+    """A progress bar (tqdm) on stderr over bytes, when enabled: `lia-run` enables it when stderr is a terminal."""
 
     def __init__(self, label: str, total_bytes: int, enabled: bool = True):
-        self.label, self.total, self.enabled = label, max(total_bytes, 1), enabled
-        self.done, self.shown, self.tty = 0, -1, sys.stderr.isatty()
-        self.started = time.perf_counter()
+        self.done = 0
+        self.bar = tqdm(total=max(total_bytes, 1), desc=f"lia-run: {label}", unit="B", unit_scale=True,
+                        unit_divisor=1024, file=sys.stderr, disable=not enabled, dynamic_ncols=True,
+                        mininterval=0.1 if sys.stderr.isatty() else 10.0)  # a log file gets a line per 10 s
 
     def advance(self, nbytes: int) -> None:
         self.done += nbytes
-        if not self.enabled:
-            return
-        percent = min(100, self.done * 100 // self.total)
-        if percent == self.shown or (not self.tty and percent // 10 == self.shown // 10 and percent < 100):
-            return
-        self.shown = percent
-        line = (f"lia-run: {self.label} {percent:3d}% ({self.done / GIB:.2f} of {self.total / GIB:.2f} GiB, "
-                f"{time.perf_counter() - self.started:.1f} s)")
-        sys.stderr.write(("\r" + line + ("\n" if percent == 100 else "")) if self.tty else line + "\n")
-        sys.stderr.flush()
+        self.bar.update(nbytes)
+        if self.done >= self.bar.total:
+            self.bar.close()
 
 
 class WeightStore:

@@ -1,4 +1,6 @@
-"""`lia-run` end to end, in process: a run's output and metrics; every bad input is one line, exit 2, no file."""
+"""`lia-run` end to end, in process: a run's output and metrics; every bad input is one line, exit 2, no file.
+
+stdout carries what was generated (token ids here; text in test_lia_run_text.py), stderr the report."""
 
 from __future__ import annotations
 
@@ -6,15 +8,11 @@ import json
 
 import pytest
 import torch
-from runtime_plans import make_plan
+from runtime_plans import TINY, make_plan
 
-from liac.models.config import ModelConfig
 from liac.plan import dump_plan
 from liac.runtime.cli import main
 
-TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4,
-                   head_dim=8, ffn_dim=64, vocab_size=50, max_position=64, norm="layernorm", norm_eps=1e-5,
-                   activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
 
 
 @pytest.fixture
@@ -40,11 +38,14 @@ def test_run_prints_summary_and_writes_metrics(plan_file, tmp_path, capsys):
     path = plan_file("mixed", cxl_layers=1)
     assert main([str(path), "--random-weights", "3", "--emulate-gpu", "--metrics-out", str(metrics_path),
                  "--profile-steps", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "prefill" in out and "ms/token" in out and "tokens/s" in out
-    assert out.count("CPU-less NUMA node") == 1  # the CXL fallback is said once
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    assert "prefill" in err and "ms/token" in err and "tokens/s" in err
+    assert err.count("CPU-less NUMA node") == 1  # the CXL fallback is said once
+    assert out.splitlines()[0].startswith("tokens[0]: ") and len(out.splitlines()) == 2  # one line per sequence
     metrics = json.loads(metrics_path.read_text())
-    assert metrics["run"] == {"batch_size": 2, "prompt_len": 6, "gen_len": 5, "decode_steps": 4}
+    assert metrics["run"] == {"batch_size": 2, "prompt_len": 6, "gen_len": 5, "decode_steps": 4,
+                              "generated_tokens": 10}
     assert metrics["backend"]["emulated_gpu"] is True
     assert metrics["prefill_ms"] > 0 and metrics["decode_ms_per_token"] > 0
     assert metrics["tokens_per_second"] == pytest.approx(
@@ -68,7 +69,7 @@ def test_prompt_ids_file(plan_file, tmp_path, capsys):
     ids.write_text(json.dumps([[1, 2, 3, 4], [5, 6, 7, 8]]))
     assert main([str(plan_file("gpu")), "--random-weights", "1", "--emulate-gpu", "--prompt-ids", str(ids),
                  "--gen-len", "3", "--profile-steps", "0"]) == 0
-    assert "batch 2, prompt 4, 3 new tokens" in capsys.readouterr().out
+    assert "batch 2, prompt 4, 3 new tokens" in capsys.readouterr().err
 
 
 def test_gpu_plan_on_a_host_without_gpu(plan_file, tmp_path, capsys, monkeypatch):

@@ -56,7 +56,7 @@ def test_progress_goes_to_stderr(checkpoints, capsys):
     _engine(make_plan(cfg, "gpu"), directory, progress=True)
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "loading weights 100%" in captured.err
+    assert "lia-run: loading weights: 100%" in captured.err  # a tqdm bar
 
 
 def _rewrite(directory, change):
