@@ -169,10 +169,15 @@ def load(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128, gen
     (compiled or from the cache); call `engine.generate(...)` as often as you like, `engine.close()` at the end.
     dtype: 'bfloat16' (the plan's, default), 'float16' or 'float32'."""
     from liac.runtime import Engine
+    from liac.runtime.backend import EMULATE_ENV
     from liac.runtime.engine import DTYPES
 
     if dtype is not None and dtype not in DTYPES:
         raise LiacError("dtype", f"unsupported value '{dtype}': must be one of " + ", ".join(f"'{d}'" for d in DTYPES))
+    emulated = emulate_gpu if emulate_gpu is not None else os.environ.get(EMULATE_ENV, "") not in ("", "0")
+    if _budget(gpu_mem, "gpu_mem") and not _cuda() and not emulated:
+        raise LiacError("gpu_mem", f"must be 0 on this host: no CUDA device is available, got {gpu_mem!r} (leave "
+                                   f"it out and the plan runs on the CPU)")
     plan = plan_for(model, batch=batch, prompt_len=prompt_len, gen_len=gen_len, hw=hw, gpu_mem=gpu_mem,
                     cpu_mem=cpu_mem, cache=cache)
     return Engine.from_plan(plan, _model_dir(model), emulate_gpu=emulate_gpu, progress=progress,

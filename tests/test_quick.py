@@ -69,13 +69,17 @@ def test_load_keeps_an_engine(tiny, tmp_path, monkeypatch):
         assert first.text == engine.generate("The plan", 8, temperature=0.9, seed=2).text
 
 
-def test_quick_errors_are_one_line(tiny, tmp_path):
+def test_quick_errors_are_one_line(tiny, tmp_path, monkeypatch):
     with pytest.raises(LiacError, match="must be a local checkpoint directory"):
         liac.generate(tmp_path / "absent", "hi")
     with pytest.raises(LiacError, match="gpu_mem: must be a size"):
         liac.quick.plan_for(tiny, gpu_mem="lots", cache=tmp_path)
     with pytest.raises(LiacError, match="dtype: unsupported value 'fp8'"):
         liac.load(tiny, gpu_mem=0, dtype="fp8", cache=tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("LIAC_EMULATE_GPU", raising=False)
+    with pytest.raises(LiacError, match="gpu_mem: must be 0 on this host: no CUDA device is available"):
+        liac.generate(tiny, "hi", gpu_mem="24GiB", cache=tmp_path)
 
 
 def test_workload_bucket():
