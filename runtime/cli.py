@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from liac.cli import OneLineParser, version_text
 from liac.errors import EXIT_USER_ERROR, LiacError
@@ -231,23 +232,19 @@ def _output(request: _Request, index: int, tokens: list[int], reason: str) -> di
     return out
 
 
-class _Bar:
-    """A tqdm bar over decode steps on stderr (only when stderr is a terminal)."""
+def _writers(args, request: _Request, tokenizer_eos: tuple[int, ...], gen_len: int, tty: bool):
+    """(HF streamer, _Printer, tqdm bar): what follows the tokens as they come; each may be None."""
+    text = request.texts is not None
+    streamer = printer = bar = None
+    if text and request.batch.size == 1 and not (args.json or args.jsonl):
+        from transformers import TextStreamer  # late import: text prompts already loaded transformers
 
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="lia-run: generating", unit="tok", file=sys.stderr, leave=False)
-
-    def step(self, step: int, row: list[int]) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        streamer = TextStreamer(request.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    elif not args.json and (text or args.jsonl):
+        printer = _Printer(request, tokenizer_eos, args.jsonl)
+    if tty and streamer is None:  # one streamed sequence is its own progress
+        bar = tqdm(total=gen_len, desc="lia-run: generating", unit="tok", file=sys.stderr, leave=False)
+    return streamer, printer, bar
 
 
 def run(args) -> int:
@@ -267,38 +264,34 @@ def run(args) -> int:
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     weights = RandomWeights(args.random_weights) if args.random_weights is not None else args.weights
     tty = sys.stderr.isatty()
-    engine = Engine.from_plan(plan_path, weights, emulate_gpu=True if args.emulate_gpu else None, progress=tty,
-                              tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None)
-    text = request.texts is not None
-    eos = engine.text.eos_ids() if text and not args.ignore_eos else ()
-    streamer, printer = None, None
-    if text and request.batch.size == 1 and not (args.json or args.jsonl):
-        from transformers import TextStreamer  # text prompts already needed transformers
+    with Engine.from_plan(plan_path, weights, emulate_gpu=True if args.emulate_gpu else None, progress=tty,
+                          tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None) as engine:
+        text = request.texts is not None
+        eos = engine.text.eos_ids() if text and not args.ignore_eos else ()
+        streamer, printer, bar = _writers(args, request, eos, gen_len, tty)
 
-        streamer = TextStreamer(request.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    elif not args.json and (text or args.jsonl):
-        printer = _Printer(request, eos, args.jsonl)
-    bar = _Bar(gen_len, tty and streamer is None)
+        def on_step(step: int, row: list[int]) -> None:
+            if bar is not None:
+                bar.update(1)
+            if printer is not None:
+                printer.step(step, row)
 
-    def on_step(step: int, row: list[int]) -> None:
-        bar.step(step, row)
+        try:
+            generation = engine.generate(request.batch, gen_len, sampling=[sampling] * request.batch.size,
+                                         eos_token_id=eos or None, streamer=streamer,
+                                         on_step=None if bar is None and printer is None else on_step)
+        finally:
+            if bar is not None:
+                bar.close()
         if printer is not None:
-            printer.step(step, row)
-
-    try:
-        generation = engine.generate(request.batch, gen_len, sampling=[sampling] * request.batch.size,
-                                     eos_token_id=eos or None, streamer=streamer, on_step=on_step)
-    finally:
-        bar.close()
-    if printer is not None:
-        printer.finish(generation)
-    elif not args.json and not text:
-        for index, row in enumerate(generation.sequences):
-            print(f"tokens[{index}]: " + " ".join(str(t) for t in row))
-    want_metrics = bool(args.metrics_out or args.json)
-    steps = min(args.profile_steps, generation.decode_steps) if want_metrics else 0
-    profile = engine.profile(request.batch, steps) if steps else {}
-    metrics = build_metrics(engine, generation, profile)
+            printer.finish(generation)
+        elif not args.json and not text:
+            for index, row in enumerate(generation.sequences):
+                print(f"tokens[{index}]: " + " ".join(str(t) for t in row))
+        want_metrics = bool(args.metrics_out or args.json)
+        steps = min(args.profile_steps, generation.decode_steps) if want_metrics else 0
+        profile = engine.profile(request.batch, steps) if steps else {}
+        metrics = build_metrics(engine, generation, profile)
     for line in summary_lines(metrics):
         _say(line)
     if args.json:

@@ -191,3 +191,15 @@ def test_token_ids_of_different_lengths(setup, capsys, tmp_path):
     with torch.no_grad():
         want = model.generate(padded, attention_mask=(padded != 0).long(), generation_config=config)[:, 4:]
     assert out.splitlines() == [f"tokens[{i}]: " + " ".join(map(str, row)) for i, row in enumerate(want.tolist())]
+
+
+def test_docs_cli_lists_every_lia_run_flag():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    section = text[text.index("## lia-run"):]
+    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    flags = {option for action in cli.build_parser()._actions for option in action.option_strings
+             if option.startswith("--") and option != "--help"}
+    missing = sorted(flag for flag in flags if f"`{flag}" not in section)
+    assert not missing, f"docs/cli.md (## lia-run) must list {missing}"
