@@ -4,19 +4,21 @@
     out = liac.generate("ckpts/tiny-llama", "The GPU", max_new_tokens=24)        # this host; gpu_mem: all of it
     print(out.text[0], out.tokens_per_second)
 
-    engine = liac.load("ckpts/opt-1.3b", gpu_mem="8GiB", batch=4)              # keep the model loaded
+    engine = liac.load("facebook/opt-1.3b", gpu_mem="8GiB", batch=4)           # keep the model loaded
     engine.generate(["Hello", "Hi"], 64, temperature=0.7, seed=0).text
 
 The plan is compiled with `liac.api.compile_plans` (the compiler) and run with `liac.runtime.Engine` (the
 runtime); the runtime itself never imports the compiler. Plans are maxima, so the workload a plan is compiled for
 is rounded up (batch and lengths to powers of two, at least 16 tokens) and one plan serves every request within
-it. Compiled plans are kept in the user's cache directory (`$LIAC_CACHE_DIR`, else `$XDG_CACHE_HOME/liac`, else
-`~/.cache/liac`) under `plans/`, named by a hash of everything else they depend on (the model's architecture hash,
+it. Compiled plans are kept in the user's cache directory (beside this host's profile: `~/.cache/liac/plans`, or
+under `$XDG_CACHE_HOME`), named by a hash of everything else they depend on (the model's architecture hash,
 the hardware profile's hash, the memory budgets, the solver and liac's version) and their workload; a request reuses
 the cached plan of the same hash with the smallest batch that holds it.
 
-Where no GPU budget is given, a host without CUDA gets a CPU-only plan (`gpu_mem=0`), and a host with CUDA the
-profile's own GPU budget.
+The model is a checkpoint directory or a Hugging Face repo id (liac.hub: through the HF cache, `HF_HUB_OFFLINE`
+honoured). Plans are for this host unless `hw` names another profile (liac.host: measured with a quick probe on
+first use, said on stderr). Where no GPU budget is given, a host without CUDA gets a CPU-only plan (`gpu_mem=0`),
+and a host with CUDA the profile's own GPU budget.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
+
+import platformdirs
 
 import liac
 from liac.errors import LiacError
+from liac.profile import HOST_PROFILE
 
 __all__ = ["generate", "load", "plan_for", "cache_dir", "workload_bucket"]
 
@@ -36,19 +42,17 @@ _MIN_TOKENS = 16
 
 
 def cache_dir() -> Path:
-    """Where liac keeps what it can rebuild: `$LIAC_CACHE_DIR`, else `$XDG_CACHE_HOME/liac`, else ~/.cache/liac."""
-    if os.environ.get("LIAC_CACHE_DIR"):
-        return Path(os.environ["LIAC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "liac"
+    """Where compiled plans are kept: `plans/` in the user's cache directory, beside this host's profile."""
+    return platformdirs.user_cache_path("liac") / "plans"
 
 
 def _model_dir(model: str | os.PathLike) -> Path:
-    # Seam: a Hugging Face repo id ('facebook/opt-1.3b') is resolved to a local snapshot by the hub resolver; until
-    # then only a local checkpoint directory is accepted.
-    path = Path(model)
+    """A checkpoint directory, or a Hugging Face repo id resolved through the HF cache (liac.hub)."""
+    from liac.hub import resolve_checkpoint
+
+    path = resolve_checkpoint(model, source="model")
     if not (path / "config.json").is_file():
-        raise LiacError(str(model), "must be a local checkpoint directory (config.json, *.safetensors and the "
+        raise LiacError(str(model), "must be a checkpoint directory holding config.json (and *.safetensors and the "
                                     "tokenizer files)")
     return path
 
@@ -82,16 +86,16 @@ def plan_for(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128,
     """The plan file for this model, host and workload: from the cache, or compiled into it.
 
     Args:
-        model: a checkpoint directory (config.json; the weights only matter to `load` / `generate`).
+        model: a checkpoint directory or a Hugging Face repo id (config.json; the weights only matter to `load` /
+            `generate`).
         batch, prompt_len, gen_len: the request; the plan's workload is `workload_bucket` of it.
-        hw: hardware profile name or file (default: liac.api.DEFAULT_PROFILE).
+        hw: hardware profile name or file (default: this host's, liac.host).
         gpu_mem, cpu_mem: budgets, bytes or sizes like '24GiB' (gpu_mem default: 0 without CUDA, else the
             profile's).
-        cache: the cache directory (default `cache_dir()`).
+        cache: the directory of cached plans (default `cache_dir()`).
     """
-    from liac.api import DEFAULT_PROFILE, compile_plans, write_plans
+    from liac.api import compile_plans, write_plans
     from liac.models.config import from_hf_config
-    from liac.profile import resolve_profile
 
     directory = _model_dir(model)
     config_path = directory / "config.json"
@@ -99,7 +103,7 @@ def plan_for(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128,
         cfg = from_hf_config(json.loads(config_path.read_text()), name=directory.name, source=str(config_path))
     except (OSError, ValueError) as e:
         raise LiacError(str(config_path), f"cannot read the model's configuration: {e}") from e
-    profile = resolve_profile(hw or DEFAULT_PROFILE, "hw")
+    profile = _profile(hw)
     gpu = _budget(gpu_mem, "gpu_mem")
     if gpu is None and not _cuda():
         gpu = 0
@@ -107,7 +111,7 @@ def plan_for(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128,
     key = {"liac": liac.__version__, "model": cfg.sha256(), "profile": profile.sha256(), "gpu_mem": gpu,
            "cpu_mem": cpu, "solver": solver}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(cache or cache_dir()) / "plans"
+    folder = Path(cache) if cache is not None else cache_dir()
     cached = _cached_plan(folder, digest, batch, prompt_len, gen_len)
     if cached is not None:
         return cached
@@ -156,6 +160,19 @@ def _request_size(directory: Path, prompt, chat: bool) -> tuple[int, int]:
     return batch.size, batch.width
 
 
+def _profile(hw):
+    """The hardware profile: this host's (measured on first use, said on stderr) unless `hw` names another."""
+    from liac.profile import HardwareProfile, resolve_profile
+
+    if isinstance(hw, HardwareProfile):
+        return hw
+    if hw in (None, HOST_PROFILE):
+        from liac.host import host_profile
+
+        return host_profile(say=lambda text: sys.stderr.write(f"liac: {text}\n"))
+    return resolve_profile(hw, "hw")
+
+
 def _cuda() -> bool:
     import torch
 
@@ -191,7 +208,7 @@ def generate(model: str | os.PathLike, prompt, max_new_tokens: int = 32, *, chat
     """Compile (or reuse) a plan for this request, load the checkpoint, generate, free the engine.
 
     Args:
-        model: a checkpoint directory with its tokenizer.
+        model: a checkpoint directory with its tokenizer, or a Hugging Face repo id.
         prompt: a string or a list of strings (or token ids; see `Engine.generate`).
         max_new_tokens: at most this many new tokens per prompt (each stops at its EOS token).
         chat, temperature, top_p, top_k, seed: as `Engine.generate`.

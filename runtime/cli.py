@@ -22,10 +22,11 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from liac.cli import OneLineParser, version_text
 from liac.errors import EXIT_USER_ERROR, LiacError
+from liac.hub import resolve_checkpoint
+from liac.progress import progress_bar
 from liac.runtime.engine import DTYPES, Engine, Generation, RandomWeights, check_request, resolve_plan
 from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
 from liac.runtime.sampling import SamplingParams
@@ -66,7 +67,8 @@ def build_parser() -> OneLineParser:
                                      "index.yaml: the plan with the smallest batch that holds the request is run")
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--weights", metavar="DIR", help="HF checkpoint directory (config.json + *.safetensors; "
-                                                          "its tokenizer for text prompts)")
+                                                          "its tokenizer for text prompts), or a Hugging Face repo "
+                                                          "id resolved through the HF cache")
     weights.add_argument("--random-weights", metavar="SEED", type=_count, help="seeded random weights")
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", action="append",
@@ -243,11 +245,13 @@ def _writers(args, request: _Request, tokenizer_eos: tuple[int, ...], gen_len: i
     elif not args.json and (text or args.jsonl):
         printer = _Printer(request, tokenizer_eos, args.jsonl)
     if tty and streamer is None:  # one streamed sequence is its own progress
-        bar = tqdm(total=gen_len, desc="lia-run: generating", unit="tok", file=sys.stderr, leave=False)
+        bar = progress_bar(gen_len, "lia-run: generating", unit="tok")
     return streamer, printer, bar
 
 
 def run(args) -> int:
+    if args.weights is not None:  # a directory, or a Hugging Face repo id through the HF cache
+        args.weights = str(resolve_checkpoint(args.weights))
     request = _request(args)
     plan_path = _choose_plan(args, request)
     plan, _ = resolve_plan(plan_path)

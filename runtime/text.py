@@ -23,16 +23,15 @@ from typing import Sequence
 from liac.errors import LiacError
 
 __all__ = ["load_tokenizer", "encode_prompts", "eos_token_ids", "pad_token_id", "decode", "is_batch_encoding",
-           "TokenizerSource", "HF_EXTRA"]
-
-HF_EXTRA = "pip install 'liac[hf]'"
+           "TokenizerSource"]
 
 
 def _transformers(what: str):
     try:
         import transformers
     except ImportError as e:
-        raise LiacError(what, f"needs the 'transformers' package, which is not installed: {HF_EXTRA}") from e
+        raise LiacError(what, "needs the 'transformers' package, a dependency of liac that is missing here: "
+                              "pip install transformers") from e
     return transformers
 
 

@@ -40,46 +40,48 @@ def _hf(directory, prompts, new_tokens):
     return [tokenizer.decode(row, skip_special_tokens=True) for row in out]
 
 
-def test_generate_compiles_once_and_reuses_the_plan(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LIAC_CACHE_DIR", str(tmp_path))
-    out = liac.generate(tiny, ["The GPU", "Once upon a time"], max_new_tokens=12, gpu_mem=0, dtype="float32")
+def test_generate_compiles_once_and_reuses_the_plan(tiny, user_cache_dir, capsys):
+    # no hw: this host's profile (measured on first use, said on stderr); a host without CUDA plans for the CPU
+    out = liac.generate(tiny, ["The GPU", "Once upon a time"], max_new_tokens=12, dtype="float32")
+    assert "measuring it with a quick probe" in capsys.readouterr().err
     assert list(out.text) == _hf(tiny, ["The GPU", "Once upon a time"], 12)
     assert out.prefill_seconds > 0 and out.token_ids.shape[0] == 2
-    plans = sorted((tmp_path / "plans").iterdir())
-    assert len(plans) == 1 and ".b2-p16-g16.tiny-llama." in plans[0].name
+    folder = user_cache_dir / "liac" / "plans"  # the user's cache directory (XDG_CACHE_HOME here)
+    plans = sorted(folder.iterdir())
+    assert len(plans) == 1 and ".b2-p16-g16.tiny-llama.host." in plans[0].name
 
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(liac.api, "compile_plans", no_compile)
-    again = liac.generate(tiny, "The CPU", max_new_tokens=10, gpu_mem="0GiB", dtype="float32")  # within b2-p16-g16
-    assert sorted((tmp_path / "plans").iterdir()) == plans
-    monkeypatch.undo()
-    monkeypatch.setenv("LIAC_CACHE_DIR", str(tmp_path))
+    with pytest.MonkeyPatch.context() as patch:  # (monkeypatch.undo would also drop the test's cache directory)
+        patch.setattr(liac.api, "compile_plans", no_compile)
+        again = liac.generate(tiny, "The CPU", max_new_tokens=10, dtype="float32")  # within b2-p16-g16
+    assert sorted(folder.iterdir()) == plans
     assert list(again.text) == _hf(tiny, ["The CPU"], 10)
-    liac.generate(tiny, "The CPU", max_new_tokens=40, gpu_mem=0)  # a longer generation: a new plan
-    assert len(list((tmp_path / "plans").iterdir())) == 2
+    liac.generate(tiny, "The CPU", max_new_tokens=40)  # a longer generation: a new plan
+    assert len(list(folder.iterdir())) == 2
+    liac.generate(tiny, "The CPU", max_new_tokens=10, hw="h200-amx16", gpu_mem=0)  # another profile: another plan
+    assert len(list(folder.iterdir())) == 3
 
 
-def test_load_keeps_an_engine(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("LIAC_CACHE_DIR", str(tmp_path))
-    with liac.load(tiny, batch=3, gpu_mem=0, dtype="float32") as engine:
+def test_load_keeps_an_engine(tiny, tmp_path):
+    with liac.load(tiny, batch=3, hw="h200-amx16", gpu_mem=0, dtype="float32", cache=tmp_path) as engine:
         assert engine.plan.spec.workload.batch_size == 4
         first = engine.generate("The plan", 8, temperature=0.9, seed=2)
         assert first.text == engine.generate("The plan", 8, temperature=0.9, seed=2).text
 
 
 def test_quick_errors_are_one_line(tiny, tmp_path, monkeypatch):
-    with pytest.raises(LiacError, match="must be a local checkpoint directory"):
-        liac.generate(tmp_path / "absent", "hi")
+    with pytest.raises(LiacError, match="model: must be a checkpoint directory or a Hugging Face repo id"):
+        liac.generate(tmp_path / "absent" / "deeper", "hi")
     with pytest.raises(LiacError, match="gpu_mem: must be a size"):
-        liac.quick.plan_for(tiny, gpu_mem="lots", cache=tmp_path)
+        liac.quick.plan_for(tiny, hw="h200-amx16", gpu_mem="lots", cache=tmp_path)
     with pytest.raises(LiacError, match="dtype: unsupported value 'fp8'"):
-        liac.load(tiny, gpu_mem=0, dtype="fp8", cache=tmp_path)
+        liac.load(tiny, hw="h200-amx16", gpu_mem=0, dtype="fp8", cache=tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("LIAC_EMULATE_GPU", raising=False)
     with pytest.raises(LiacError, match="gpu_mem: must be 0 on this host: no CUDA device is available"):
-        liac.generate(tiny, "hi", gpu_mem="24GiB", cache=tmp_path)
+        liac.generate(tiny, "hi", hw="h200-amx16", gpu_mem="24GiB", cache=tmp_path)
 
 
 def test_workload_bucket():
@@ -99,8 +101,8 @@ def test_the_quickstart_script_to_text(tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "generation_config.json"} <= {p.name for p in ckpt.iterdir()}
     plan = tmp_path / "tiny.yaml"
-    subprocess.run([str(bin_dir / "liac"), "compile", "--model", str(ckpt), "--gpu-mem", "0", "--batch", "1",
-                    "-o", str(plan)], check=True, capture_output=True)
+    subprocess.run([str(bin_dir / "liac"), "compile", "--model", str(ckpt), "--batch", "1", "-o", str(plan)],
+                   check=True, capture_output=True)  # for this host: CPU plans without a GPU
     run = subprocess.run([str(bin_dir / "lia-run"), str(plan), "--weights", str(ckpt), "--prompt", "The GPU",
                           "--gen-len", "16", "--dtype", "float32"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr

@@ -203,3 +203,26 @@ def test_docs_cli_lists_every_lia_run_flag():
              if option.startswith("--") and option != "--help"}
     missing = sorted(flag for flag in flags if f"`{flag}" not in section)
     assert not missing, f"docs/cli.md (## lia-run) must list {missing}"
+
+
+def test_weights_by_repo_id_from_the_hf_cache(setup, capsys, tmp_path, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants
+
+    directory, model, tokenizer, plan, _ = setup
+    cache = tmp_path / "hub"  # laid out as huggingface_hub lays out a downloaded repo
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--acme--tiny-text"
+    shutil.copytree(directory, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    want, _ = hf_text_generate(model, tokenizer, ["the sun is"], GEN, eos=tokenizer.eos_token_id)
+    status, out, err = _run([plan, "--weights", "acme/tiny-text", "--prompt", "the sun is", *RUN], capsys)
+    assert status == 0, err
+    assert out == want[0] + "\n"
+    status, out, err = _run([plan, "--weights", "acme/absent", "--prompt", "the sun is", *RUN], capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1 and "acme/absent" in err
