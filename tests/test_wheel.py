@@ -7,8 +7,9 @@ path). The fresh virtualenv sees the packages of the environment running the tes
 dependencies, through a .pth file; never this checkout's own liac), so installing resolves the wheel's
 dependencies without downloading anything. From outside the repository it then runs `liac --version`,
 `python -m liac --version`, `liac compile` for this host (default profile) on a model named by a Hugging Face repo
-id from a fabricated cache, `liac docs --plan-format` (templates and schema from the wheel) and `lia-run` on random
-weights.
+id from a fabricated cache, `liac docs --plan-format` (templates and schema from the wheel), `lia-run` on random
+weights, and text: `python -m liac.tiny` (the quickstart's checkpoint), `liac.generate` (a plan compiled into the
+user's cache) and `lia-run --prompt --json` on that plan.
 """
 
 from __future__ import annotations
@@ -143,3 +144,15 @@ def test_installed_wheel_compiles_and_runs(wheel, tmp_path):
     ran = _run([str(bin_ / "lia-run"), "plan.yaml", "--random-weights", "0", "--gen-len", "2", "--profile-steps",
                 "0"], cwd=work, env=env)
     assert "tokens[0]: " in ran.stdout
+
+    # text from the wheel: the quickstart's checkpoint (a few training steps), then the notebook call and lia-run
+    _run([str(python), "-m", "liac.tiny", "tiny", "--steps", "2"], cwd=work, env=env)
+    said = _run([str(python), "-c", "import liac; out = liac.generate('tiny', 'The GPU', max_new_tokens=4); "
+                                    "print(len(out.text), out.finish_reasons[0] in ('eos', 'length'))"],
+                cwd=work, env=env)
+    assert said.stdout.split() == ["1", "True"]
+    plans = list((tmp_path / "cache" / "liac" / "plans").glob("*.tiny.host.yaml"))
+    assert len(plans) == 1  # compiled for this host into the user's cache
+    texts = _run([str(bin_ / "lia-run"), str(plans[0]), "--weights", "tiny", "--prompt", "The GPU", "--gen-len", "4",
+                  "--json"], cwd=work, env=env)
+    assert json.loads(texts.stdout)["outputs"][0]["prompt"] == "The GPU"
