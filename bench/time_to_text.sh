@@ -4,7 +4,7 @@
 #   bench/time_to_text.sh [TORCH_REQUIREMENT]        # default torch==2.13.0 (the CPU build of the Makefile)
 #
 # Builds the wheel, makes the quickstart checkpoint with the checkout's own .venv (a user brings their own
-# checkpoint), then times: pip install torch + the wheel; then the notebook call `liac.generate(checkpoint,
+# checkpoint), then times: pip install torch + the wheel; then the notebook call `liac.quick.generate(checkpoint,
 # "The GPU")` in a new Python process (first use: probe this host, compile a plan, load, generate, print); then
 # the same call again, with the host profile and the plan in the cache; then the command line (liac compile, then
 # lia-run --prompt) in a fresh user cache. Everything goes into a temporary directory (the user caches too,
@@ -23,7 +23,7 @@ now() { date +%s.%N; }
 start=$(now)
 "$WORK/venv/bin/pip" install -q "$TORCH" "$WHEEL" >/dev/null 2>&1
 installed=$(now)
-CALL="import liac; print(liac.generate('$WORK/tiny-llama', 'The GPU', max_new_tokens=24).text[0], flush=True)"
+CALL="from liac.quick import generate; print(generate('$WORK/tiny-llama', 'The GPU', max_new_tokens=24).text[0], flush=True)"
 XDG_CACHE_HOME="$WORK/cache" "$WORK/venv/bin/python" -c "$CALL"
 first=$(now)
 XDG_CACHE_HOME="$WORK/cache" "$WORK/venv/bin/python" -c "$CALL" >/dev/null

@@ -1,14 +1,15 @@
 """One call from a checkpoint directory to text: compile a plan for the request (or reuse a cached one), run it.
 
-    import liac
-    out = liac.generate("ckpts/tiny-llama", "The GPU", max_new_tokens=24)        # this host; gpu_mem: all of it
+    from liac.quick import generate, load
+    out = generate("ckpts/tiny-llama", "The GPU", max_new_tokens=24)             # this host; gpu_mem: all of it
     print(out.text[0], out.tokens_per_second)
 
-    engine = liac.load("facebook/opt-1.3b", gpu_mem="8GiB", batch=4)           # keep the model loaded
+    engine = load("facebook/opt-1.3b", gpu_mem="8GiB", batch=4)                # keep the model loaded
     engine.generate(["Hello", "Hi"], 64, temperature=0.7, seed=0).text
 
 The plan is compiled with `liac.api.compile_plans` (the compiler) and run with `liac.runtime.Engine` (the
-runtime); the runtime itself never imports the compiler. Plans are maxima, so the workload a plan is compiled for
+runtime): this module sits with the command line on top of both (docs/architecture.md, "What may import what");
+the runtime itself never imports the compiler, and `import liac` imports neither. Plans are maxima, so the workload a plan is compiled for
 is rounded up (batch and lengths to powers of two, at least 16 tokens) and one plan serves every request within
 it. Compiled plans are kept in the user's cache directory (beside this host's profile: `~/.cache/liac/plans`, or
 under `$XDG_CACHE_HOME`), named by a hash of everything else they depend on (the model's architecture hash,
@@ -31,10 +32,21 @@ import sys
 from pathlib import Path
 
 import platformdirs
+import torch
 
 import liac
+from liac.api import compile_plans, write_plans
+from liac.commands.flags import parse_bytes
 from liac.errors import LiacError
-from liac.profile import HOST_PROFILE
+from liac.host import host_profile
+from liac.hub import resolve_checkpoint
+from liac.models.config import from_hf_config
+from liac.profile import HOST_PROFILE, HardwareProfile, resolve_profile
+from liac.runtime import Engine
+from liac.runtime.backend import EMULATE_ENV
+from liac.runtime.engine import DTYPES
+from liac.runtime.sequences import PromptBatch
+from liac.runtime.text import encode_prompts, is_batch_encoding, load_tokenizer
 
 __all__ = ["generate", "load", "plan_for", "cache_dir", "workload_bucket"]
 
@@ -48,8 +60,6 @@ def cache_dir() -> Path:
 
 def _model_dir(model: str | os.PathLike) -> Path:
     """A checkpoint directory, or a Hugging Face repo id resolved through the HF cache (liac.hub)."""
-    from liac.hub import resolve_checkpoint
-
     path = resolve_checkpoint(model, source="model")
     if not (path / "config.json").is_file():
         raise LiacError(str(model), "must be a checkpoint directory holding config.json (and *.safetensors and the "
@@ -73,8 +83,6 @@ def workload_bucket(batch: int, prompt_len: int, gen_len: int, max_position: int
 
 
 def _budget(value, name: str) -> int | None:
-    from liac.api import parse_bytes
-
     if value is None or isinstance(value, int) and not isinstance(value, bool):
         return value
     return parse_bytes(str(value), name)
@@ -94,8 +102,6 @@ def plan_for(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128,
             profile's).
         cache: the directory of cached plans (default `cache_dir()`).
     """
-    from liac.api import compile_plans, write_plans
-    from liac.models.config import from_hf_config
 
     directory = _model_dir(model)
     config_path = directory / "config.json"
@@ -142,11 +148,6 @@ def _cached_plan(folder: Path, digest: str, batch: int, prompt_len: int, gen_len
 
 def _request_size(directory: Path, prompt, chat: bool) -> tuple[int, int]:
     """(prompts, tokens of the longest) of any prompt form Engine.generate takes."""
-    import torch
-
-    from liac.runtime.sequences import PromptBatch
-    from liac.runtime.text import encode_prompts, is_batch_encoding, load_tokenizer
-
     if isinstance(prompt, str) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], str)):
         rows = encode_prompts(load_tokenizer(directory), [prompt] if isinstance(prompt, str) else list(prompt), chat)
         batch = PromptBatch.from_lists(rows)
@@ -162,20 +163,14 @@ def _request_size(directory: Path, prompt, chat: bool) -> tuple[int, int]:
 
 def _profile(hw):
     """The hardware profile: this host's (measured on first use, said on stderr) unless `hw` names another."""
-    from liac.profile import HardwareProfile, resolve_profile
-
     if isinstance(hw, HardwareProfile):
         return hw
     if hw in (None, HOST_PROFILE):
-        from liac.host import host_profile
-
         return host_profile(say=lambda text: sys.stderr.write(f"liac: {text}\n"))
     return resolve_profile(hw, "hw")
 
 
 def _cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -185,10 +180,6 @@ def load(model: str | os.PathLike, *, batch: int = 1, prompt_len: int = 128, gen
     """An Engine for `model` whose plan holds `batch` prompts of `prompt_len` tokens and `gen_len` new tokens
     (compiled or from the cache); call `engine.generate(...)` as often as you like, `engine.close()` at the end.
     dtype: 'bfloat16' (the plan's, default), 'float16' or 'float32'."""
-    from liac.runtime import Engine
-    from liac.runtime.backend import EMULATE_ENV
-    from liac.runtime.engine import DTYPES
-
     if dtype is not None and dtype not in DTYPES:
         raise LiacError("dtype", f"unsupported value '{dtype}': must be one of " + ", ".join(f"'{d}'" for d in DTYPES))
     emulated = emulate_gpu if emulate_gpu is not None else os.environ.get(EMULATE_ENV, "") not in ("", "0")

@@ -8,7 +8,7 @@ same text for a few hundred steps, on one CPU thread with a fixed seed, so the c
 the same on every run of one machine. The directory then holds what any HF checkpoint holds: config.json,
 model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json (with a chat template).
 
-Needs the 'hf' extra (transformers, tokenizers).
+Uses transformers and tokenizers (core dependencies of liac).
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ import os
 import sys
 import time
 from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 __all__ = ["CORPUS", "CHAT_TEMPLATE", "train_tokenizer", "make_tiny_checkpoint", "main"]
 
@@ -59,9 +64,6 @@ _SPECIAL = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
 def train_tokenizer(texts: list[str], vocab_size: int = 512):
     """A byte-level BPE tokenizer trained on `texts` with the `tokenizers` library, wrapped for transformers:
     '<s>' starts every encoded text, '</s>' ends a sequence, '<pad>' pads; the chat template is CHAT_TEMPLATE."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -86,10 +88,6 @@ def _documents() -> list[str]:
 def make_tiny_checkpoint(out: str | os.PathLike, steps: int = 300, seed: int = 0, hidden_size: int = 96,
                          layers: int = 2, log=None) -> Path:
     """Train the tokenizer and a tiny Llama on CORPUS and save both to `out` (safetensors); returns `out`."""
-    import torch
-    import transformers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
     out = Path(out)
     tokenizer = train_tokenizer(CORPUS.splitlines())
     eos = tokenizer.eos_token_id

@@ -28,7 +28,7 @@ __all__ = ["load_tokenizer", "encode_prompts", "eos_token_ids", "pad_token_id", 
 
 def _transformers(what: str):
     try:
-        import transformers
+        import transformers  # late import: seconds to import, and only text prompts need it
     except ImportError as e:
         raise LiacError(what, "needs the 'transformers' package, a dependency of liac that is missing here: "
                               "pip install transformers") from e

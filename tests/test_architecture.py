@@ -31,7 +31,7 @@ GROUPS = (
     ("runtime", ("liac.runtime",)),
     ("library", ("liac.api", "liac.calibrate", "liac.probe", "liac.host")),
     ("artifacts", ("liac.artifacts",)),
-    ("cli", ("liac.commands", "liac.cli", "liac.__main__")),
+    ("cli", ("liac.commands", "liac.cli", "liac.__main__", "liac.quick")),
     ("package", ("liac",)),
 )
 # What each group may import (besides itself). The runtime reads plans (the contract) and shares `liac.cli`'s one-line

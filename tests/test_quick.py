@@ -1,4 +1,4 @@
-"""`liac.generate` / `liac.load` (liac/quick.py): compile or reuse a cached plan, run it, return text; and the tiny
+"""`liac.quick.generate` / `load`: compile or reuse a cached plan, run it, return text; and the tiny
 checkpoint of the README quickstart (liac/tiny.py) from `scripts/make-tiny-checkpoint` to text on stdout.
 
 References: HF `generate` + the tokenizer's decode on the same checkpoint, in float32."""
@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import liac
-import liac.api
+import liac.quick
 from liac.errors import LiacError
-from liac.quick import workload_bucket
+from liac.quick import generate, load, workload_bucket
 from liac.tiny import make_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +41,7 @@ def _hf(directory, prompts, new_tokens):
 
 def test_generate_compiles_once_and_reuses_the_plan(tiny, user_cache_dir, capsys):
     # no hw: this host's profile (measured on first use, said on stderr); a host without CUDA plans for the CPU
-    out = liac.generate(tiny, ["The GPU", "Once upon a time"], max_new_tokens=12, dtype="float32")
+    out = generate(tiny, ["The GPU", "Once upon a time"], max_new_tokens=12, dtype="float32")
     assert "measuring it with a quick probe" in capsys.readouterr().err
     assert list(out.text) == _hf(tiny, ["The GPU", "Once upon a time"], 12)
     assert out.prefill_seconds > 0 and out.token_ids.shape[0] == 2
@@ -54,18 +53,18 @@ def test_generate_compiles_once_and_reuses_the_plan(tiny, user_cache_dir, capsys
         raise AssertionError("compiled again")
 
     with pytest.MonkeyPatch.context() as patch:  # (monkeypatch.undo would also drop the test's cache directory)
-        patch.setattr(liac.api, "compile_plans", no_compile)
-        again = liac.generate(tiny, "The CPU", max_new_tokens=10, dtype="float32")  # within b2-p16-g16
+        patch.setattr(liac.quick, "compile_plans", no_compile)
+        again = generate(tiny, "The CPU", max_new_tokens=10, dtype="float32")  # within b2-p16-g16
     assert sorted(folder.iterdir()) == plans
     assert list(again.text) == _hf(tiny, ["The CPU"], 10)
-    liac.generate(tiny, "The CPU", max_new_tokens=40)  # a longer generation: a new plan
+    generate(tiny, "The CPU", max_new_tokens=40)  # a longer generation: a new plan
     assert len(list(folder.iterdir())) == 2
-    liac.generate(tiny, "The CPU", max_new_tokens=10, hw="h200-amx16", gpu_mem=0)  # another profile: another plan
+    generate(tiny, "The CPU", max_new_tokens=10, hw="h200-amx16", gpu_mem=0)  # another profile: another plan
     assert len(list(folder.iterdir())) == 3
 
 
 def test_load_keeps_an_engine(tiny, tmp_path):
-    with liac.load(tiny, batch=3, hw="h200-amx16", gpu_mem=0, dtype="float32", cache=tmp_path) as engine:
+    with load(tiny, batch=3, hw="h200-amx16", gpu_mem=0, dtype="float32", cache=tmp_path) as engine:
         assert engine.plan.spec.workload.batch_size == 4
         first = engine.generate("The plan", 8, temperature=0.9, seed=2)
         assert first.text == engine.generate("The plan", 8, temperature=0.9, seed=2).text
@@ -73,15 +72,15 @@ def test_load_keeps_an_engine(tiny, tmp_path):
 
 def test_quick_errors_are_one_line(tiny, tmp_path, monkeypatch):
     with pytest.raises(LiacError, match="model: must be a checkpoint directory or a Hugging Face repo id"):
-        liac.generate(tmp_path / "absent" / "deeper", "hi")
+        generate(tmp_path / "absent" / "deeper", "hi")
     with pytest.raises(LiacError, match="gpu_mem: must be a size"):
         liac.quick.plan_for(tiny, hw="h200-amx16", gpu_mem="lots", cache=tmp_path)
     with pytest.raises(LiacError, match="dtype: unsupported value 'fp8'"):
-        liac.load(tiny, hw="h200-amx16", gpu_mem=0, dtype="fp8", cache=tmp_path)
+        load(tiny, hw="h200-amx16", gpu_mem=0, dtype="fp8", cache=tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("LIAC_EMULATE_GPU", raising=False)
     with pytest.raises(LiacError, match="gpu_mem: must be 0 on this host: no CUDA device is available"):
-        liac.generate(tiny, "hi", hw="h200-amx16", gpu_mem="24GiB", cache=tmp_path)
+        generate(tiny, "hi", hw="h200-amx16", gpu_mem="24GiB", cache=tmp_path)
 
 
 def test_workload_bucket():

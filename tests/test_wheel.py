@@ -8,7 +8,7 @@ dependencies, through a .pth file; never this checkout's own liac), so installin
 dependencies without downloading anything. From outside the repository it then runs `liac --version`,
 `python -m liac --version`, `liac compile` for this host (default profile) on a model named by a Hugging Face repo
 id from a fabricated cache, `liac docs --plan-format` (templates and schema from the wheel), `lia-run` on random
-weights, and text: `python -m liac.tiny` (the quickstart's checkpoint), `liac.generate` (a plan compiled into the
+weights, and text: `python -m liac.tiny` (the quickstart's checkpoint), `liac.quick.generate` (a plan compiled into the
 user's cache) and `lia-run --prompt --json` on that plan.
 """
 
@@ -147,7 +147,7 @@ def test_installed_wheel_compiles_and_runs(wheel, tmp_path):
 
     # text from the wheel: the quickstart's checkpoint (a few training steps), then the notebook call and lia-run
     _run([str(python), "-m", "liac.tiny", "tiny", "--steps", "2"], cwd=work, env=env)
-    said = _run([str(python), "-c", "import liac; out = liac.generate('tiny', 'The GPU', max_new_tokens=4); "
+    said = _run([str(python), "-c", "from liac.quick import generate; out = generate('tiny', 'The GPU', max_new_tokens=4); "
                                     "print(len(out.text), out.finish_reasons[0] in ('eos', 'length'))"],
                 cwd=work, env=env)
     assert said.stdout.split() == ["1", "True"]
