@@ -15,14 +15,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from liac.errors import LiacError
+from liac.fileio import read_yaml
+from liac.sweep import INDEX_KIND, INDEX_NAME
 
-__all__ = ["INDEX_NAME", "SweepPoint", "is_sweep", "sweep_points", "plan_for_request"]
-
-INDEX_NAME = "index.yaml"  # the name liac.api.write_plans gives a sweep's index
-_KIND = "OffloadPlanIndex"
+__all__ = ["SweepPoint", "is_sweep", "sweep_points", "plan_for_request"]
 
 
 @dataclass(frozen=True)
@@ -64,14 +61,10 @@ def sweep_points(path: str | os.PathLike) -> list[SweepPoint]:
     source = str(index)
     if Path(path).is_dir() and not index.is_file():
         raise LiacError(str(path), f"must be a plan file or a sweep directory holding '{INDEX_NAME}'")
-    try:
-        doc = yaml.safe_load(index.read_text())
-    except OSError as e:
-        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise LiacError(source, f"not valid YAML: {' '.join(str(e).split())}") from e
-    if not isinstance(doc, dict) or doc.get("kind") != _KIND:
-        raise LiacError(source, f"must be a sweep index (kind '{_KIND}', written by 'liac compile')", path="kind")
+    doc = read_yaml(index, source)
+    if not isinstance(doc, dict) or doc.get("kind") != INDEX_KIND:
+        raise LiacError(source, f"must be a sweep index (kind '{INDEX_KIND}', written by 'liac compile')",
+                        path="kind")
     rows = doc.get("points")
     if not isinstance(rows, list) or not rows:
         raise LiacError(source, "must list at least one plan (every point of the sweep was infeasible)",

@@ -25,8 +25,8 @@ PACKAGES = {"liac": "liac", "passes": "liac.passes", "runtime": "liac.runtime"}
 # The layers of docs/architecture.md: a module belongs to the first group whose prefix names it.
 GROUPS = (
     ("contract", ("liac.errors", "liac.sizes", "liac.fileio", "liac.progress", "liac.migrate", "liac.schema_tools",
-                  "liac.plan", "liac.hub", "liac.models")),
-    ("compiler-core", ("liac.profile", "liac.ir", "liac.sweep")),
+                  "liac.plan", "liac.hub", "liac.models", "liac.sweep")),
+    ("compiler-core", ("liac.profile", "liac.ir")),
     ("passes", ("liac.passes",)),
     ("runtime", ("liac.runtime",)),
     ("library", ("liac.api", "liac.calibrate", "liac.probe", "liac.host")),

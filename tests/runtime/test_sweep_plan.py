@@ -1,4 +1,5 @@
-"""Picking a sweep's plan for a request (runtime/sweep.py), against the rule spelled out by brute force."""
+"""Picking a sweep's plan for a request (runtime/sweep.py), against the rule spelled out by brute force.
+(tests/test_sweep.py covers liac/sweep.py, the sweep's file names.)"""
 
 from __future__ import annotations
 
