@@ -113,9 +113,9 @@ def profile_from_measurements(m, base: HardwareProfile, name: str, description: 
     measured("cpu_kv_read_gb_per_s", m.cpu_kv_read_gb_per_s, "scaled_dot_product_attention over a bf16 KV cache")
     measured("cpu_launch_seconds", m.cpu_launch_seconds, "median time of a tiny in-place op")
     measured("split_sync_seconds", m.split_sync_seconds,
-             "median round trip of a tiny op handed to a persistent worker thread and joined, plus the merge's "
-             "concatenation, less the same ops inline" + (" (with a CUDA event record and wait)"
-                                                           if m.gpu_bf16_tflops is not None else " (no GPU: CPU side only)"))
+             "median of a split of tiny parts as the runtime runs it (GPU part launched, CPU part inline, event "
+             "wait, merge launch) less its slower part alone" + ("" if m.gpu_bf16_tflops is not None
+                                                                 else " (no GPU: both parts on the host)"))
     if m.cpu_ddr_gib:
         measured("cpu_ddr_gib", m.cpu_ddr_gib, "MemTotal in /proc/meminfo")
     if not gpu_present:

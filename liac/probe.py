@@ -4,7 +4,8 @@ Every measurement reads data larger than the caches (weights rotated over severa
 first, repeats and takes the median. With CUDA it also measures PCIe (pinned H2D, D2H, both at once), the GPU's
 bf16 GEMM rate and HBM bandwidth, and the *concurrent* rate: the CPU reading DDR (GEMV) while DMA copies host
 memory to the GPU — the number that says whether splitting a sublayer across both paths pays — and what one split
-costs to synchronise: handing a tiny op to a persistent worker thread and joining it, as the runtime does.
+costs to synchronise: launching a tiny GPU part, computing a tiny CPU part meanwhile and joining them, as the
+runtime does.
 
     from liac.probe import ProbeSizes, measure_host
     numbers = measure_host(ProbeSizes.full(), progress=lambda step, total, name: print(f"[{step}/{total}] {name}"))
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,7 +58,7 @@ class Measurements:
     cpu_gemv_kernel: str  # 'F.linear' or 'torch.mv'
     cpu_kv_read_gb_per_s: float  # decode attention (SDPA) over a bf16 cache
     cpu_launch_seconds: float
-    split_sync_seconds: float  # one split's hand-off to the worker thread and join (+ event, merge launch)
+    split_sync_seconds: float  # one split's join beyond its slower part (event wait, merge launch)
     gpu_bf16_tflops: float | None = None
     gpu_hbm_gb_per_s: float | None = None
     gpu_launch_seconds: float | None = None
@@ -154,18 +154,17 @@ def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
 
 
 def _split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
-    """What one split sublayer adds to synchronise its parts (docs/cost-model.md Eq. 15), as the runtime runs
-    them (runtime/executor.py: a persistent one-thread pool): the main thread hands the CPU part to the worker,
-    launches the GPU part (with CUDA: a tiny kernel and an event record), waits for the worker's result (and the
-    event), and launches the merge (a concatenation). The same ops run inline on the main thread are the
-    baseline; the median difference over `repeats` round trips is the synchronisation alone."""
-    pool = ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
+    """What one split sublayer adds beyond its slower part (docs/cost-model.md Eq. 15), as the runtime runs it
+    (runtime/executor.py `_split_step`, one thread): launch the GPU part (a tiny kernel, and an event recorded after
+    it), compute the CPU part inline meanwhile, wait for the event, launch the merge (a concatenation). The median
+    of that less the median of the slower part alone (the GPU part launched and waited for, or the CPU part) is the
+    synchronisation. Without a GPU both parts run on the host, one after the other, and the baseline is their sum.
+    The interleaved repeats make drifting load hit every variant alike."""
     host = torch.ones(64, dtype=torch.bfloat16)
     device = torch.ones(64, dtype=torch.bfloat16, device="cuda") if use_gpu else host
 
     def cpu_part():
-        with torch.inference_mode():  # grad mode is per thread, as in the runtime's worker
-            return host * 2.0
+        return host * 2.0
 
     def gpu_part():
         out = device * 2.0
@@ -176,34 +175,32 @@ def _split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
         return out, None
 
     def split():
-        pending = pool.submit(cpu_part)
         out, event = gpu_part()
-        cpu_out = pending.result()
-        if event is not None:
-            event.synchronize()
-        return torch.cat((out, out if use_gpu else cpu_out))
-
-    def inline():
         cpu_out = cpu_part()
-        out, event = gpu_part()
         if event is not None:
             event.synchronize()
         return torch.cat((out, out if use_gpu else cpu_out))
 
-    try:
-        for fn in (split, inline):  # warm-up: thread start, kernel selection
+    def gpu_alone():
+        out, event = gpu_part()
+        if event is not None:
+            event.synchronize()
+        return out
+
+    variants = (split, gpu_alone, cpu_part)
+    with torch.inference_mode():
+        for fn in variants:  # warm-up: kernel selection, first allocations
             for _ in range(100):
                 fn()
-        pairs = []
-        for _ in range(repeats):  # interleaved, so drifting load hits both alike
-            start = time.perf_counter()
-            split()
-            middle = time.perf_counter()
-            inline()
-            pairs.append((middle - start, time.perf_counter() - middle))
-    finally:
-        pool.shutdown(wait=True)
-    return max(0.0, statistics.median(a for a, _ in pairs) - statistics.median(b for _, b in pairs))
+        times: dict = {fn: [] for fn in variants}
+        for _ in range(repeats):
+            for fn in variants:
+                start = time.perf_counter()
+                fn()
+                times[fn].append(time.perf_counter() - start)
+    medians = {fn: statistics.median(values) for fn, values in times.items()}
+    parts = (max if use_gpu else sum)((medians[gpu_alone], medians[cpu_part]))
+    return max(0.0, medians[split] - parts)
 
 
 def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:

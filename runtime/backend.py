@@ -189,14 +189,26 @@ class CudaBackend(Backend):
         torch.cuda.synchronize(self.devices["gpu"])
 
     def transfer(self, tensor, dst, value=""):
+        """Activations cross through page-locked host memory both ways, as the cost model prices them (Eq. 2, at
+        the profile's pinned PCIe rates): a copy from or into pageable memory runs through the driver's own bounce
+        buffer at a fraction of that rate and holds the host thread for all of it. To the GPU the copy is then
+        queued on the compute stream and the host thread goes on; to the host it is waited for (the CPU reads it
+        next). The pinned blocks come from torch's caching host allocator, which keeps one until the copies that
+        use it have run."""
         self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
         if dst == "gpu":
-            # From pageable memory the copy is synchronous for the host anyway; from pinned memory it is not.
-            return tensor.to(self.devices["gpu"], non_blocking=tensor.is_pinned())
-        return tensor.to("cpu")  # blocking: the CPU reads it next, so the compute stream must have produced it
+            return _pinned(tensor).to(self.devices["gpu"], non_blocking=True)
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        out.copy_(tensor, non_blocking=True)  # a strided source is made contiguous on the GPU first
+        torch.cuda.current_stream(self.devices["gpu"]).synchronize()
+        return out
 
     def copy_into(self, dst, src, to_gpu, value=""):
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
+        if to_gpu and src.device.type == "cpu":
+            # A KV write from the CPU into an HBM cache: from page-locked memory, queued on the compute stream.
+            dst.copy_(_pinned(src), non_blocking=True)
+            return
         # GPU → pinned host: asynchronous on the compute stream. A CPU reader of `dst` always first receives an
         # activation from the GPU through a blocking `transfer`, which waits for this copy (same stream).
         if not to_gpu and not dst.is_contiguous() and dst.is_pinned():
@@ -267,6 +279,16 @@ class CudaBackend(Backend):
     def describe(self) -> str:
         props = torch.cuda.get_device_properties(self.devices["gpu"])
         return f"{self.devices['gpu']} ({props.name}, {props.total_memory / GIB:.0f} GiB)"
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor in page-locked memory: itself when it is, else a contiguous pinned copy (the host's copy_ runs
+    on every intra-op thread, several times the rate of the driver's bounce buffer for a pageable source)."""
+    if tensor.is_pinned():
+        return tensor
+    staged = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    staged.copy_(tensor)
+    return staged
 
 
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice

@@ -15,16 +15,16 @@ so tensors cross PCIe only where the plan changes device.
 
 A split op (plan v2: one unit's output features partly on the CPU from DDR, partly on the GPU from staging) binds
 two parts, each the unit's module over its rows of the projection (`_part`), and per join device the unit's
-epilogue (`_post`); its closure (`_split_step`, with what differs per kind in `SPLIT_KINDS`) hands the CPU part to
-`CpuWorker`'s thread, launches the GPU part, waits, and joins the parts where the schedule says (docs/runtime.md,
-"Split sublayers").
+epilogue (`_post`); its closure (`_split_step`, with what differs per kind in `SPLIT_KINDS`) launches the GPU part
+(CUDA launches return at once), computes the CPU part on the main thread's own OpenMP team meanwhile, and joins the
+parts where the schedule says (docs/runtime.md, "Split sublayers"). No second CPU thread: a worker thread with a
+team of its own competed with the main thread's for the same cores (/work/shared/hw/split-trace-2026-12-01).
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
 import torch
@@ -39,7 +39,7 @@ from liac.runtime.kvcache import KVCache
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor", "CpuWorker", "STEPS", "SPLIT_KINDS", "greedy"]
+__all__ = ["Frame", "Executor", "STEPS", "SPLIT_KINDS", "greedy"]
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -73,31 +73,6 @@ def _activated(part: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return part(x)
 
 
-def _timed_call(fn, args):
-    began = time.perf_counter()
-    with torch.inference_mode():  # grad mode is per thread
-        out = fn(*args)
-    return out, time.perf_counter() - began
-
-
-class CpuWorker:
-    """One persistent thread for the CPU parts of split ops. torch ops release the GIL, so it computes while the
-    main thread launches the GPU part and then waits; it gets `threads` intra-op threads of its own (the main
-    thread mostly waits meanwhile)."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liac-cpu-part",
-                                       initializer=torch.set_num_threads, initargs=(threads,))
-
-    def submit(self, fn, *args):
-        """Run fn(*args) in the worker; `.result()` gives (output, seconds it took there)."""
-        return self.pool.submit(_timed_call, fn, args)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
 def _assign(module: nn.Module, local: str, tensor: torch.Tensor) -> None:
     *path, name = local.split(".")
     for attr in path:
@@ -120,8 +95,6 @@ class Executor:
         self.devices = [d for d in ("cpu", "gpu") if backend.devices[d] is not None]
         positions = schedule.kv_shape[2] + 1
         self.arange = {d: torch.arange(positions, device=backend.devices[d]) for d in self.devices}
-        splits = any(op.split is not None for sched in schedule.phases.values() for op in sched.ops)
-        self.worker = CpuWorker(torch.get_num_threads()) if splits else None
         self._part_seconds: list[_PartTiming] | None = None  # profiling: one record per split op
         self.programs = {}
         for phase, sched in schedule.phases.items():
@@ -220,16 +193,17 @@ class Executor:
     # -- ops → steps: one small function per op kind (STEPS, below the class) ----------------------------------------
     def _compile(self, op: Op, stream_unit: StreamUnit | None) -> Step:
         if op.split is not None:
-            return _split_step(self, op, stream_unit)
-        if op.kind not in STEPS:
+            step = _split_step(self, op, stream_unit)
+        elif op.kind in STEPS:
+            step = STEPS[op.kind](self, op, stream_unit)
+        else:
             raise ValueError(f"unknown op kind '{op.kind}'")
-        return STEPS[op.kind](self, op, stream_unit)
+        return _dropping(step, op.drops) if op.drops else step
 
     def close(self) -> None:
-        """Stop the worker thread (the engine is closing)."""
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
+        """Drop the bound modules (the engine is closing; they hold views of its arenas)."""
+        self._bound.clear()
+        self.programs = {}
 
     # -- passes -------------------------------------------------------------------------------------------------
     def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None, *,
@@ -289,6 +263,16 @@ class Executor:
 # closure first runs the op's moves (the activations it reads that sit on the other device), then computes.
 
 Step = Callable[[Frame], None]
+
+
+def _dropping(step: Step, drops: tuple[str, ...]) -> Step:
+    """`step`, then free the values no later op of the pass reads (the schedule's liveness, `Op.drops`)."""
+    def run(frame: Frame) -> None:
+        step(frame)
+        vals = frame.vals
+        for value in drops:
+            vals.pop(value, None)
+    return run
 
 
 def _moves_before(op: Op) -> tuple[Move, ...]:
@@ -455,7 +439,7 @@ STEPS: dict[str, Callable[[Executor, Op, StreamUnit | None], Step]] = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Split ops: the CPU part in the worker thread while the GPU part is launched, then on each merge device the parts
+# Split ops: the GPU part launched, the CPU part computed on the main thread meanwhile, then on each merge device the parts
 # joined (the other device's part crosses PCIe) and the unit's epilogue run.
 
 
@@ -494,8 +478,8 @@ SPLIT_KINDS: dict[str, _SplitKind] = {
 
 
 class _PartTiming(NamedTuple):
-    """The profiling pass's record of one split op: the CPU part's seconds in the worker, the GPU part's events, and
-    the seconds its launch took on the main thread."""
+    """The profiling pass's record of one split op: the CPU part's seconds, the GPU part's events, and the seconds
+    its launch took on the main thread."""
 
     cpu_seconds: float
     start: object
@@ -504,10 +488,14 @@ class _PartTiming(NamedTuple):
 
 
 def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    """Launch the GPU part (asynchronous on CUDA: it waits on the compute stream for its staging copy, which the
+    'wait' op before it queued), compute the CPU part on this thread's OpenMP team while the GPU runs its part, then
+    join: the parts meet on each merge device, the other device's part crossing PCIe (a copy to the host waits for
+    the GPU part; one to the GPU is queued behind it)."""
     kind, layer, split = SPLIT_KINDS[op.kind], op.layer, op.split
     cpu_part, gpu_part = ex._part(op, stream_unit, "cpu"), ex._part(op, stream_unit, "gpu")
     posts = {device: ex._post(op, device) for device in split.merge_on}
-    pre, transfer, kv, backend, worker = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend, ex.worker
+    pre, transfer, kv, backend = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend
     merge_on, writer, crosses, last_only = split.merge_on, op.kv_writer, op.kv_write_crosses, op.kind == "lm_head"
 
     def step(frame: Frame) -> None:
@@ -516,7 +504,6 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         x_cpu, x_gpu = vals[kind.source]["cpu"], vals[kind.source]["gpu"]
         if last_only:  # only the last position picks the next token
             x_cpu, x_gpu = x_cpu[:, -1:], x_gpu[:, -1:]
-        pending = worker.submit(kind.part, cpu_part, x_cpu)
         timed = ex._part_seconds  # a list only in the profiling pass
         if timed is not None:
             began, start = time.perf_counter(), backend.timing_event()
@@ -526,9 +513,10 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             end = backend.timing_event()
             end.record()
             launched = time.perf_counter() - began
-        y_cpu, cpu_seconds = pending.result()
+            began = time.perf_counter()
+        y_cpu = kind.part(cpu_part, x_cpu)
         if timed is not None:
-            timed.append(_PartTiming(cpu_seconds, start, end, launched))
+            timed.append(_PartTiming(time.perf_counter() - began, start, end, launched))
         out: dict[str, dict[str, torch.Tensor]] = {}
         for device in merge_on:
             merged = torch.cat((y_cpu if device == "cpu" else transfer(y_cpu, device, "merge"),

@@ -80,6 +80,9 @@ class Op:
         written (the op's device; for a split qkv, the cache's side if the parts join there).
     gather: an embedding on the GPU whose table is in a host tier: the B×Q looked-up rows are gathered on the host
         and sent (what the cost model streams for an embedding), never the whole table.
+    drops: the values (every device's copy) that no later op of the pass reads before they are produced again:
+        the executor frees them right after this op, so a pass holds only live activations (what the cost model's
+        activation workspace, Eq. 14, counts).
     """
 
     kind: str
@@ -97,6 +100,7 @@ class Op:
     kv_writer: str = ""
     gather: bool = False
     split: Split | None = None
+    drops: tuple[str, ...] = ()  # values no later op of the pass reads: freed right after this op
 
 
 @dataclass(frozen=True)
@@ -353,9 +357,11 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
     stream_units: list[StreamUnit] = []
     flow = _Flow()
     flow.produce("ids", "cpu" if phase == "prefill" else decode_embed_device)
+    drops = _drops([spec for _, _, specs in layers for spec in specs])
     for group, layer, specs in layers:
         streamed: list[_Streamed] = []
-        layer_ops = [_op(spec, group, layer, params, flow, streamed, decode_embed_device) for spec in specs]
+        layer_ops = [replace(_op(spec, group, layer, params, flow, streamed, decode_embed_device),
+                             drops=drops[id(spec)]) for spec in specs]
         kv_stream = [which for spec in specs if spec.extra.get("kv_read") == "window"  # GPU attention over a
                      for which in {"attn": "kv", "score": "k", "context": "v"}[spec.kind]]  # host-tier cache
         if not (streamed or kv_stream):
@@ -366,6 +372,19 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
         stream_units.append(stream)
         ops.extend(_bracketed(layer_ops, stream, group.name))
     return PhaseSchedule(phase, tuple(ops), tuple(stream_units))
+
+
+def _drops(specs: list[_Spec]) -> dict[int, tuple[str, ...]]:
+    """Liveness over one pass, backward: per op (by id of its spec), the values it reads or produces that no later
+    op reads before producing them again ('next', the pass's result, is never dropped). A value an op both reads
+    and produces (the residual 'x') is replaced by its new copy, not dropped."""
+    live: set[str] = {"next"}
+    out = {}
+    for spec in reversed(specs):
+        reads, writes = set(spec.inputs()), set(spec.produces)
+        out[id(spec)] = tuple(sorted(((reads - writes) | writes) - live))
+        live = (live - writes) | reads
+    return out
 
 
 def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Streamed],

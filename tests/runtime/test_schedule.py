@@ -18,6 +18,7 @@ from liac.errors import LiacError
 from liac.models.config import ModelConfig
 from liac.runtime import Engine, RandomWeights, build_schedule
 from liac.runtime.backend import EmulatedBackend
+from liac.runtime.executor import Executor
 from liac.runtime.schedule import Move, Op, ParamInfo, StreamUnit, _bracketed, _stream_unit, _Streamed, part_rows
 
 TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=4,
@@ -266,3 +267,39 @@ def test_wait_and_release_bracket_only_the_ops_that_read_the_staging_buffer():
     reference = Engine.from_plan(make_plan(TINY, "cpu"), RandomWeights(0), backend=EmulatedBackend())
     assert torch.equal(engine.generate(torch.arange(5)[None], 4).token_ids,
                        reference.generate(torch.arange(5)[None], 4).token_ids)
+
+
+def test_each_value_is_dropped_after_its_last_reader():
+    # All on the GPU (KV in HBM). Prefill: embed reads ids; qkv makes q, k, v, which the fused attention reads
+    # (fresh) and drops; out_proj reads o (dropped) and replaces x; up makes h, which down reads and drops; the
+    # LM head reads the last x. Decode reads the cache in place: attention reads only q, so qkv drops k and v.
+    schedule = build_schedule(make_plan(TINY, "gpu"))
+    expect = {"prefill": {"embed": ("ids",), "qkv": (), "attn": ("k", "q", "v"), "out_proj": ("o",), "up": (),
+                          "down": ("h",), "lm_head": ("x",)},
+              "decode": {"embed": ("ids",), "qkv": ("k", "v"), "attn": ("q",), "out_proj": ("o",), "up": (),
+                         "down": ("h",), "lm_head": ("x",)}}
+    for phase, drops in expect.items():
+        ops = [op for op in schedule.phases[phase].ops if op.kind not in ("wait", "release")]
+        assert {(op.kind, op.drops) for op in ops} == set(drops.items())
+
+
+def test_a_pass_holds_only_live_values(monkeypatch):
+    # The frame after each op of a prefill pass (all on the GPU), derived by hand: the residual x throughout, q, k, v
+    # from qkv to attention, o to out_proj, h from up to down, and the greedy token at the end.
+    seen = []
+    compile_op = Executor._compile
+
+    def watched(self, op, stream_unit):
+        step = compile_op(self, op, stream_unit)
+
+        def record(frame):
+            step(frame)
+            seen.append((op.kind, set(frame.vals)))
+        return record
+
+    monkeypatch.setattr(Executor, "_compile", watched)
+    engine = Engine.from_plan(make_plan(TINY, "gpu"), RandomWeights(0), backend=EmulatedBackend())
+    engine.generate(torch.randint(0, TINY.vocab_size, (2, 5)), 1)
+    layer = [("qkv", {"x", "q", "k", "v"}), ("attn", {"x", "o"}), ("out_proj", {"x"}), ("up", {"x", "h"}),
+             ("down", {"x"})]
+    assert seen == [("embed", {"x"})] + layer * TINY.num_layers + [("lm_head", {"next"})]
