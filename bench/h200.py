@@ -12,13 +12,21 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
   profile  `liac profile` → profile.yaml (full sizes: ≥ 1 GiB rotated weights)
   compile  `liac.api.compile_plans` with that profile, the GPU budget and every (prompt, batch) point, once per
            contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu;
-           plus the plan for the shipped h200-amx16 profile at batch 1 (issue 4's check) → plans/, plans.tar.gz
-  rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, measured in
-           this call → rates.json and run-profile.yaml (the profile with those fields replaced), which floor uses
-  runs     bench/run_plans.py over all plans on ONE set of random weights → runs.json (per run: prefill ms, decode
-           ms/token, tokens/s, peak GPU memory, per-sublayer measured vs predicted times)
+           plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
+           (issue 4's check) → plans/, plans.tar.gz
+  rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, plus the
+           CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
+           run-profile.yaml (the profile with those fields replaced), which floor uses
+  runs     bench/run_plans.py over the plans on ONE set of random weights, point by point in --points order (all
+           contenders of a point, then the next: put the points that matter most first), each engine warmed up at
+           its run's shapes and its first request timed; no run starts that would end past --deadline-s → runs.json
+           (per run: prefill ms, decode ms/token, tokens/s, load and warm-up seconds, the GPU footprint against the
+           plan's budget, per-sublayer measured vs predicted times)
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
   floor    bench/floor.py for every point with the measured profile → floor.json
+  footprint  the GPU footprint `liac profile` measures (runtime/footprint.py: CUDA context, library workspaces,
+           the activation peak of small runs against Eq. 14's model) → footprint.json, and its fields in
+           run-profile.yaml
 `summary.json` says which stages ran, when each started, the machine (boot id) and what was skipped and why.
 """
 
@@ -41,6 +49,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
+STAGES = ("profile", "rates", "compile", "runs", "peers", "floor", "footprint")
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -110,7 +119,7 @@ class Bench:
         by_prompt: dict[int, list[int]] = {}
         for prompt, batch in self.args.points:
             by_prompt.setdefault(prompt, []).append(batch)
-        for contender in self.args.contenders:
+        for contender in [c for c in self.args.contenders if c in CONTENDERS]:
             for prompt, batches in by_prompt.items():
                 began = time.monotonic()
                 result = compile_plans(model, str(self.profile_path), batches=tuple(batches), prompt_len=prompt,
@@ -127,7 +136,8 @@ class Bench:
                                                     "batch": batch, "reason": reason})
                 self.log(f"compiled {contender} p{prompt} b{','.join(map(str, batches))} in "
                          f"{time.monotonic() - began:.1f} s")
-        if not self.args.emulate:  # issue 4: a plan compiled for the *shipped* h200-amx16 profile, run by lia-run
+        if "shipped-profile" in self.args.contenders and not self.args.emulate:  # issue 4: a plan compiled for the
+            # *shipped* h200-amx16 profile, run by lia-run
             result = compile_plans(model, "h200-amx16", batches=(1,), prompt_len=128, gen_len=self.args.gen_len,
                                    gpu_mem=budget)
             path = write_plans(result, self.plans_dir / "shipped-h200-amx16.yaml")[0]
@@ -138,49 +148,69 @@ class Bench:
             tar.add(self.plans_dir, arcname="plans")
 
     def rates(self) -> None:
-        import yaml
+        import torch
 
         from liac.fileio import write_atomic
-        from liac.probe import ProbeSizes, measure_rates
+        from liac.probe import ATTENTION_QUERIES, ProbeSizes, attention_curve, measure_rates, split_sync_seconds
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
             weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
         began = time.monotonic()
-        rates = measure_rates(sizes, use_gpu=False if self.args.emulate else None)
+        gpu = False if self.args.emulate else None
+        rates = measure_rates(sizes, use_gpu=gpu)
         rates = {k: round(v, 3) for k, v in rates.items()}
-        self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}")
-        write_atomic(self.out / "rates.json", json.dumps(rates, indent=1, sort_keys=True) + "\n")
-        profile = yaml.safe_load(self.profile_path.read_text())
-        for field, value in rates.items():
-            if field in profile:
+        rates["split_sync_seconds"] = split_sync_seconds(torch.cuda.is_available() and not self.args.emulate)
+        queries = ATTENTION_QUERIES[:2] if self.args.emulate else ATTENTION_QUERIES
+        curve = [{"m": q, "tflops": round(t, 4)} for q, t in attention_curve(queries, 2 if self.args.emulate else 3)]
+        self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}; CPU prefill attention {curve}")
+        write_atomic(self.out / "rates.json", json.dumps({**rates, "cpu_attention_bf16_tflops": curve}, indent=1,
+                                                         sort_keys=True) + "\n")
+        fields = {**rates, "cpu_attention_bf16_tflops": curve}
+        self._update_run_profile(fields, "bench/h200.py rates stage, in the same call as the runs")
+
+    def _update_run_profile(self, fields: dict, source: str) -> None:
+        """run-profile.yaml: the call's profile with the fields this call measured (a profile `--hw` takes)."""
+        import yaml
+
+        from liac.fileio import write_atomic
+        from liac.profile import OPTIONAL_FIELDS
+
+        path = self.out / "run-profile.yaml"
+        profile = yaml.safe_load((path if path.exists() else self.profile_path).read_text())
+        for field, value in fields.items():
+            if field in profile or field in OPTIONAL_FIELDS:
                 profile[field] = value
-                profile.setdefault("sources", {})[field] = "bench/h200.py rates stage, in the same call as the runs"
+                profile.setdefault("sources", {})[field] = source
+                if field in profile.get("estimates", []):
+                    profile["estimates"].remove(field)
         profile["name"] = "h200-run"
-        write_atomic(self.out / "run-profile.yaml", yaml.safe_dump(profile, sort_keys=True))
+        write_atomic(path, yaml.safe_dump(profile, sort_keys=True))
 
     def runs(self) -> None:
         from run_plans import RunSpec, run_plans
 
         plans = self.summary.get("plans") or json.loads((self.out / "summary.json").read_text())["plans"]
-        wanted = {(p, b) for p, b in self.args.points}
-        specs, index = [], []
+        order = {c: i for i, c in enumerate((*CONTENDERS, "shipped-profile"))}
+        by_point: dict[tuple[int, int], list[dict]] = {}
         for entry in plans:
-            if entry["contender"] not in (*self.args.contenders, "shipped-profile"):
-                continue
-            if (entry["prompt_len"], entry["batch"]) in wanted or entry["contender"] == "shipped-profile":
+            if entry["contender"] in self.args.contenders:
+                by_point.setdefault((entry["prompt_len"], entry["batch"]), []).append(entry)
+        specs, index = [], []
+        for point in self.args.points:  # the order of --points: what matters most first
+            for entry in sorted(by_point.pop(point, []), key=lambda e: order.get(e["contender"], 99)):
                 # the spread across repeats: the liac plan at batch 1 runs `--repeats` times
                 times = self.args.repeats if entry["contender"] == "optimal" and entry["batch"] == 1 else 1
                 for _ in range(times):
                     specs.append(RunSpec(entry["plan"], gen_len=self.args.measure_gen_len))
                     index.append(entry)
-        if specs and not self.args.emulate:  # the first run in a process pays one-off costs (kernel selection,
-            specs.insert(0, specs[0])        # first touch): a warm-up run, left out of the results
-            index.insert(0, {**index[0], "contender": "warmup"})
+        # Each engine warms up at its run's shapes (Engine.warm_up), so no run is thrown away to warm the process:
+        # the first timed request is what a user's first request costs.
         self.summary["runs_index"] = index
         self.save()
+        deadline = self.began + self.args.deadline_s - self.args.reserve_s
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
                   profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
-                  log=self.log)
+                  log=self.log, deadline=deadline)
         import gc
 
         import torch
@@ -253,6 +283,33 @@ class Bench:
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
 
+    def footprint(self) -> None:
+        import torch
+
+        from liac.fileio import write_atomic
+        from liac.host import footprint_probes, with_footprint
+        from liac.profile import load_profile
+        from liac.runtime.footprint import measure_footprint
+
+        if self.args.emulate or not torch.cuda.is_available():
+            self.summary["skipped"].append({"stage": "footprint", "reason": "no CUDA device"})
+            return
+        base = load_profile(self.profile_path)
+        probes = footprint_probes(base)
+        measured = measure_footprint([(p.plan, p.batch, p.prompt_len) for p in probes])
+        profile = with_footprint(base, probes, measured.library_bytes, measured.context_bytes,
+                                 measured.activation_bytes)
+        record = {"library_bytes": measured.library_bytes, "context_bytes": measured.context_bytes,
+                  "runs": [{"plan": p.plan.metadata.name, "batch": p.batch, "prompt_len": p.prompt_len,
+                            "modelled_activation_bytes": p.activation_bytes, "measured_activation_bytes": m}
+                           for p, m in zip(probes, measured.activation_bytes)],
+                  "profile_fields": {f: getattr(profile, f) for f in ("gpu_context_mib", "gpu_library_workspace_mib",
+                                                                      "gpu_activation_factor")}}
+        self.log(f"footprint: {record['profile_fields']}")
+        write_atomic(self.out / "footprint.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
+        self._update_run_profile(record["profile_fields"], "bench/h200.py footprint stage (runtime/footprint.py)")
+
+
 def _plan_file(written: list[Path], plan) -> str:
     for path in written:
         if path.stem == plan.metadata.name:
@@ -291,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default="flexgen,accelerate,accelerate-pinned")
     parser.add_argument("--flexgen-search-s", type=float, default=150.0)
     parser.add_argument("--peer-timeout-s", type=float, default=200.0, help="wall-clock cap of one peer run")
-    parser.add_argument("--deadline-s", type=float, default=560.0, help="wall-clock budget of this call")
+    parser.add_argument("--deadline-s", type=float, default=520.0, help="wall-clock budget of this call")
+    parser.add_argument("--reserve-s", type=float, default=40.0,
+                        help="seconds the runs leave for the stages after them (floor, footprint)")
     parser.add_argument("--peers-until-s", type=float, default=None,
                         help="the peers stage ends by this many seconds into the call (default: the deadline)")
     parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),
@@ -302,11 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     args.contenders = [c for c in args.contenders.split(",") if c]
     args.peers = [p for p in args.peers.split(",") if p]
     if args.emulate:
-        args.model, args.gpu_budget_gib = "opt-125m", 0.1
+        args.model, args.gpu_budget_gib = "opt-125m", 1.0  # the CUDA context (0.75 GiB) counts in the budget
     bench = Bench(args)
     stages = [s for s in args.stages.split(",") if s]
     for name in stages:
-        if name not in ("profile", "rates", "compile", "runs", "peers", "floor"):
+        if name not in STAGES:
             raise SystemExit(f"--stages: unknown stage {name!r}")
     if "compile" not in stages and "runs" in stages and not (bench.out / "summary.json").exists():
         raise SystemExit("--stages: 'runs' needs 'compile' in this call or an earlier summary.json in --out")

@@ -8,11 +8,13 @@
 For the H200 benchmark: generating 60 GB of random weights per plan would cost more than the runs, so the weights
 are generated once (on the GPU, copied into one page-locked host arena: `liac.runtime.HostWeights`), and each plan
 builds an engine over them that copies only its 'hbm' tensors to the GPU and frees them again on close. Per run:
-build the engine, warm up (one short generate), the timed generate, a separate per-sublayer profiling pass over a
-few decode steps (the numbers `liac calibrate` fits), peak GPU memory (allocated and reserved), close. A run whose
-estimate from the plan's own prediction (status.predicted, for reporting and this budget only) exceeds
-`--max-seconds` is recorded as skipped. The results file is written atomically after every run, so a timeout
-never loses finished runs; one summary line per run goes to stdout.
+build the engine (which warms up at the run's shapes: `Engine.warm_up`), the timed generate (the engine's first
+request: its prefill is what a user's first request costs), a separate per-sublayer profiling pass over a few
+decode steps (the numbers `liac calibrate` fits), peak GPU memory (allocated, reserved, and the whole footprint
+against the plan's budget), close. A run whose estimate from the plan's own prediction (status.predicted, for
+reporting and this budget only) exceeds `--max-seconds`, or no longer fits before `deadline`, is recorded as
+skipped. The results file is written atomically after every run, so a timeout never loses finished runs; one
+summary line per run goes to stdout.
 
 The orchestrator may import it instead: `run_plans([RunSpec("a.yaml"), ...], seed=0, out="r.json")`.
 Runs with the GPU machine's stock python3 from a checkout where liac is not installed: see `_import_liac`.
@@ -35,7 +37,6 @@ __all__ = ["RunSpec", "run_plans", "estimate_seconds", "main", "RESULTS_VERSION"
 
 RESULTS_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
-WARMUP_PROMPT = 16  # tokens of the warm-up prompt (and 2 new tokens): warms kernels and streams, costs little
 
 
 def _import_liac() -> None:
@@ -67,14 +68,16 @@ class RunSpec:
     gen_len: int | None = None
 
 
-def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int) -> float:
+def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
+                     warm_share: float = 1.0) -> float:
     """Wall time a run should take by the plan's prediction: warm-up, timed generate, profiling pass.
 
     Prefill scales with batch × prompt against the plan's workload; decode per token with batch (both upper
-    bounds for smaller requests, whose per-token cost is never more than linear)."""
+    bounds for smaller requests, whose per-token cost is never more than linear). The warm-up runs a prefill and a
+    decode step through `warm_share` of the layers (one per layer group)."""
     prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
     step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
-    warmup = prefill * min(1.0, WARMUP_PROMPT / prompt_len) + step
+    warmup = (prefill + step) * warm_share
     timed = prefill + step * (gen_len - 1)
     profile = (prefill + step * profile_steps) if profile_steps else 0.0
     return warmup + timed + profile
@@ -84,10 +87,19 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 3)
 
 
+def _warm_share(plan) -> float:
+    """The share of a plan's decoder layers its warm-up runs: one per layer group."""
+    groups = [g for g in plan.spec.layer_groups if g.layer_class == "decoder"]
+    return len(groups) / max(1, sum(g.layer_count for g in groups))
+
+
 def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | None = None,
               max_seconds: float | None = None, profile_steps: int = 2, emulate_gpu: bool | None = None,
-              metrics_dir: str | os.PathLike | None = None, log=print) -> dict:
+              metrics_dir: str | os.PathLike | None = None, log=print, deadline: float | None = None) -> dict:
     """Run `runs` over one HostWeights (see the module docstring); return the results document.
+
+    Args:
+        deadline: a time.monotonic() after which no run starts whose estimate would end past it (skipped).
 
     Raises:
         LiacError: a plan that does not load, or plans for different models (before any weights are made).
@@ -135,16 +147,21 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                                 "decode_ms_per_token": _ms(plan.status.predicted.decode_seconds_per_token),
                                 "tokens_per_second": round(plan.status.predicted.tokens_per_second, 3),
                                 "total_ms": _ms(plan.status.predicted.total_seconds)}}
-        estimate = estimate_seconds(plan.status.predicted, work, batch, prompt_len, gen_len, profile_steps)
+        estimate = estimate_seconds(plan.status.predicted, work, batch, prompt_len, gen_len, profile_steps,
+                                    _warm_share(plan))
         record["estimated_seconds"] = round(estimate, 3)
         results["runs"].append(record)
         label = f"[{index + 1}/{len(runs)}] {Path(run.plan).name} ({plan.metadata.name})"
         began = time.perf_counter()
         try:
             check_request(plan, batch, prompt_len, gen_len)
+            left = None if deadline is None else deadline - time.monotonic()
             if max_seconds is not None and estimate > max_seconds:
                 record["skipped"] = (f"estimated {estimate:.0f} s from the plan's prediction exceeds --max-seconds "
                                      f"{max_seconds:g}")
+            elif left is not None and estimate + 5 > left:  # + building the engine
+                record["skipped"] = f"out of time: estimated {estimate:.0f} s, {max(0.0, left):.0f} s left"
+            if "skipped" in record:
                 log(f"{label}: skipped ({record['skipped']})")
                 save()
                 continue
@@ -152,11 +169,9 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             generator = torch.Generator().manual_seed(seed * 1_000_003 + batch * 10_007 + prompt_len)
             ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=generator)
             backend.reset_peak()
-            with Engine.from_plan(plan, weights=host, backend=backend) as engine:
+            with Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len)) as engine:
                 record["build_seconds"] = round(engine.build_seconds, 3)
-                warm = time.perf_counter()
-                engine.generate(ids[:, :min(prompt_len, WARMUP_PROMPT)], min(2, gen_len))
-                record["warmup_seconds"] = round(time.perf_counter() - warm, 3)
+                record["warmup_seconds"] = round(engine.warmup_seconds, 3)
                 generation = engine.generate(ids, gen_len)
                 steps = min(profile_steps, gen_len - 1)
                 spent = time.perf_counter() - began
@@ -167,21 +182,27 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 metrics = build_metrics(engine, generation, profile)
                 metrics["plan_file"] = str(run.plan)
                 record["metrics"] = metrics
+                hbm = next(row for row in metrics["memory"] if row["tier"] == "hbm")
                 record["gpu"] = {"peak_allocated_bytes": backend.gpu_peak_bytes(),
-                                 "peak_reserved_bytes": backend.gpu_peak_reserved_bytes()}
+                                 "peak_reserved_bytes": backend.gpu_peak_reserved_bytes(),
+                                 "context_bytes": hbm.get("context_bytes"),
+                                 "peak_footprint_bytes": hbm.get("peak_footprint_bytes"),
+                                 "budget_bytes": hbm.get("budget_bytes"), "budget_enforced": hbm.get("budget_enforced")}
             record["gpu"]["allocated_after_close_bytes"] = backend.gpu_allocated_bytes()
             if metrics_dir is not None:
                 write_metrics(Path(metrics_dir) / f"{index:02d}-{plan.metadata.name}.json", metrics)
             record["summary"] = {"prefill_ms": metrics["prefill_ms"],
                                  "decode_ms_per_token": metrics["decode_ms_per_token"],
                                  "tokens_per_second": metrics["tokens_per_second"]}
-            peak = record["gpu"]["peak_allocated_bytes"]
+            peak = record["gpu"]["peak_footprint_bytes"] or record["gpu"]["peak_allocated_bytes"]
             log(f"{label} b{batch} p{prompt_len} g{gen_len}: prefill "
                 f"{metrics['prefill_ms']:.1f} ms (pred {record['predicted']['prefill_ms']:.1f}), decode "
                 + (f"{metrics['decode_ms_per_token']:.1f}" if metrics["decode_ms_per_token"] is not None else "-")
                 + f" ms/token (pred {record['predicted']['decode_ms_per_token']:.1f}), "
                 f"{metrics['tokens_per_second']:.1f} tokens/s"
-                + (f", GPU peak {peak / 2**30:.2f} GiB" if peak is not None else "")
+                + (f", GPU peak {peak / 2**30:.2f} of {record['gpu']['budget_bytes'] / 2**30:.2f} GiB"
+                   if peak is not None else "")
+                + f" (load {engine.build_seconds:.1f} s, warm-up {engine.warmup_seconds:.1f} s)"
                 + f" [{time.perf_counter() - began:.0f} s]")
         except LiacError as e:
             record["error"] = e.line()

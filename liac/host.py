@@ -24,13 +24,16 @@ from pathlib import Path
 
 from liac.errors import LiacError
 from liac.fileio import write_atomic, yaml_dump
+from liac.models.config import ModelConfig
 from liac.profile import (HOST_PROFILE, CurvePoint, HardwareProfile, host_profile_path, load_profile, parse_profile,
                           resolve_profile)
 from liac.progress import progress_bar
 from liac.schema_tools import stable_float, to_data
+from liac.sizes import GIB, MIB
 
 __all__ = ["CpuIsa", "DEFAULT_BASE", "cpu_isa", "isa_from_flags", "cpu_name", "profile_from_measurements",
-           "measure_profile", "write_profile", "host_profile", "first_use_sizes"]
+           "measure_profile", "write_profile", "host_profile", "first_use_sizes", "FootprintProbe",
+           "footprint_probes", "with_footprint", "FOOTPRINT_MODELS", "FOOTPRINT_POINTS", "FOOTPRINT_POLICIES"]
 
 DEFAULT_BASE = "h200-amx16"  # what this host cannot measure (GPU numbers without CUDA, CXL, reserves) comes from it
 
@@ -112,6 +115,11 @@ def profile_from_measurements(m, base: HardwareProfile, name: str, description: 
     measured("cpu_ddr_read_gb_per_s", m.cpu_gemv_gb_per_s, f"GEMV ({m.cpu_gemv_kernel}) over rotated weights")
     measured("cpu_kv_read_gb_per_s", m.cpu_kv_read_gb_per_s, "scaled_dot_product_attention over a bf16 KV cache")
     measured("cpu_launch_seconds", m.cpu_launch_seconds, "median time of a tiny in-place op")
+    if m.cpu_attention_tflops:
+        measured("cpu_attention_bf16_tflops", tuple(CurvePoint(m=q, tflops=stable_float(max(t, 1e-6), 4))
+                                                    for q, t in m.cpu_attention_tflops),
+                 "bf16 scaled_dot_product_attention with a causal mask at Q = C = "
+                 + ", ".join(str(q) for q, _ in m.cpu_attention_tflops) + " (4·Q·C·E FLOPs per head)")
     measured("split_sync_seconds", m.split_sync_seconds,
              "median of a split of tiny parts as the runtime runs it (GPU part launched, CPU part inline, event "
              "wait, merge launch) less its slower part alone" + ("" if m.gpu_bf16_tflops is not None
@@ -201,3 +209,74 @@ def host_profile(say=lambda text: print(text, file=sys.stderr, flush=True)) -> H
     except OSError as e:
         raise LiacError(str(path), f"cannot write this host's profile: {e.strerror or e}") from e
     return profile
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The GPU footprint beyond weights, KV and staging (docs/cost-model.md Eq. 14): what `liac profile` measures by
+# running the runtime (liac/commands/profile.py runs them: this module may not import the runtime)
+
+FOOTPRINT_MODELS = (
+    ModelConfig(name="probe-opt", family="opt", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=16,
+                head_dim=64, ffn_dim=4096, vocab_size=4096, max_position=1024, norm="layernorm", norm_eps=1e-5,
+                activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True),
+    ModelConfig(name="probe-llama", family="llama", hidden_size=1024, num_layers=2, num_heads=16, num_kv_heads=4,
+                head_dim=64, ffn_dim=2816, vocab_size=4096, max_position=1024, norm="rmsnorm", norm_eps=1e-5,
+                activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=False, rope_theta=10000.0),
+)
+FOOTPRINT_POINTS = ((4, 256), (32, 32))  # (batch, prompt): long and short prompts, ~1000 tokens each
+FOOTPRINT_POLICIES = ("lia-gpu", "lia-partial")  # every unit on the GPU; attention on the CPU
+
+
+@dataclass(frozen=True)
+class FootprintProbe:
+    """One run `liac profile` measures: a plan, its request, and the cost model's activation peak for it."""
+
+    plan: object  # OffloadPlan
+    batch: int
+    prompt_len: int
+    activation_bytes: int  # Eq. 14's live-set model (the class maximum over the units on either device)
+
+
+def footprint_probes(base: HardwareProfile) -> list[FootprintProbe]:
+    """Plans of small models (FOOTPRINT_MODELS × FOOTPRINT_POINTS × FOOTPRINT_POLICIES) for a GPU, with their
+    modelled activation peaks. Their weights sit in HBM where the policy lets them (a budget of 8 GiB)."""
+    from liac.api import compile_plans  # late import: the compiler (numpy, pulp) only when measuring a GPU
+    from liac.passes.costs import _class_edges, _points, activation_peak_bytes
+    from liac.passes.costs import Workload as CostWorkload
+    from liac.passes.trace import trace_model
+
+    probes = []
+    for cfg in FOOTPRINT_MODELS:
+        graph = trace_model(cfg)
+        units, subs = graph.units("decoder"), graph.sublayers("decoder")
+        edges = _class_edges(graph, "decoder", units)
+        for batch, prompt in FOOTPRINT_POINTS:
+            work = CostWorkload(batch, prompt, 2)
+            modelled = max(activation_peak_bytes(subs, units, edges, phase, _points("decoder", phase, work))
+                           for phase in ("prefill", "decode"))
+            for policy in FOOTPRINT_POLICIES:
+                result = compile_plans(cfg, base, batches=(batch,), prompt_len=prompt, gen_len=2, gpu_mem=8 * GIB,
+                                       policy=policy, graph=graph)
+                probes.extend(FootprintProbe(point.plan, batch, prompt, int(modelled)) for point in result.points)
+    return probes
+
+
+def with_footprint(profile: HardwareProfile, probes: list[FootprintProbe], library_bytes: int, context_bytes: int,
+                   activation_bytes: tuple[int, ...]) -> HardwareProfile:
+    """The profile with the footprint fields measured on this GPU (`runtime.footprint.measure_footprint`): the
+    activation factor is the largest measured-over-modelled ratio of the probes, never below 1."""
+    ratios = [measured / probe.activation_bytes for probe, measured in zip(probes, activation_bytes)
+              if probe.activation_bytes > 0]
+    factor = max([1.0, *ratios])
+    how = f"liac profile on this host ({os.cpu_count()} CPUs)"
+    sources = dict(profile.sources)
+    sources["gpu_context_mib"] = (f"{how}: GPU memory in use outside torch's caching allocator after "
+                                  f"{len(probes)} small runs of the runtime (their kernels loaded)")
+    sources["gpu_library_workspace_mib"] = f"{how}: allocator bytes the first GEMMs leave held (cuBLAS, cuBLASLt)"
+    sources["gpu_activation_factor"] = (f"{how}: the largest of {len(ratios)} runs' reserved activation peak over "
+                                        f"Eq. 14's model (" + ", ".join(f"{r:.2f}" for r in ratios) + ")")
+    estimates = tuple(sorted(set(profile.estimates) - {"gpu_context_mib", "gpu_library_workspace_mib",
+                                                        "gpu_activation_factor"}))
+    return dataclasses.replace(profile, gpu_context_mib=stable_float(context_bytes / MIB, 4),
+                               gpu_library_workspace_mib=stable_float(library_bytes / MIB, 4),
+                               gpu_activation_factor=stable_float(factor, 4), sources=sources, estimates=estimates)

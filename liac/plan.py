@@ -112,6 +112,11 @@ class Execution:
                                      "buffering, 0 = no streaming)", minimum=0)
     staging_bytes: int = spec_field("GPU bytes of one staging buffer for streamed weights and KV of one layer",
                                     minimum=0)
+    workspace_bytes: int = spec_field("GPU bytes the runtime's allocator may hold beyond its arena (weights, KV "
+                                      "caches, staging buffers): activations and the GPU libraries' workspaces, "
+                                      "reserved up front; the rest of memory.hbm_bytes beyond the arena is the "
+                                      "CUDA context (docs/cost-model.md Eq. 14). 0: not recorded (plans written "
+                                      "before it was)", minimum=0, default=0)
 
 
 @dataclass(frozen=True)

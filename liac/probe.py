@@ -23,9 +23,11 @@ import torch.nn.functional as F
 
 from liac.sizes import GB, GIB, MIB
 
-__all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "GEMM_ROWS"]
+__all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "attention_curve", "split_sync_seconds",
+           "GEMM_ROWS", "ATTENTION_QUERIES"]
 
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
+ATTENTION_QUERIES = (16, 128, 512, 2048)  # the CPU attention curve's Q points (prefill: context = query)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Measurements:
     cpu_kv_read_gb_per_s: float  # decode attention (SDPA) over a bf16 cache
     cpu_launch_seconds: float
     split_sync_seconds: float  # one split's join beyond its slower part (event wait, merge launch)
+    cpu_attention_tflops: tuple[tuple[int, float], ...] = ()  # (Q, TFLOP/s) of prefill SDPA on the CPU
     gpu_bf16_tflops: float | None = None
     gpu_hbm_gb_per_s: float | None = None
     gpu_launch_seconds: float | None = None
@@ -142,6 +145,21 @@ def _kv_read_rate(total_bytes: int, repeats: int) -> float:
     return (k.numel() + v.numel()) * 2 / seconds / GB
 
 
+def attention_curve(queries: tuple[int, ...], repeats: int) -> list[tuple[int, float]]:
+    """CPU prefill attention as the runtime runs it (liac.models' Attention: scaled_dot_product_attention over bf16
+    q, k, v [B·H, Q, E] with the boolean causal mask), at each query length Q = context C: TFLOP/s counted as the
+    cost model counts attention FLOPs (4·Q·C·E per head, the masked half included). Heads are chosen so each point
+    does at least ~4 GFLOP."""
+    head_dim, curve = 128, []
+    for query in queries:
+        heads = max(4, -(-(2**30) // (query * query * head_dim)))
+        q, k, v = (_random(1, heads, query, head_dim) for _ in range(3))
+        mask = torch.ones(query, query, dtype=torch.bool).tril()
+        seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), repeats)
+        curve.append((query, 4.0 * heads * query * query * head_dim / seconds / 1e12))
+    return curve
+
+
 def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
     x = torch.ones(16, device=device)
     n = 2000
@@ -153,7 +171,7 @@ def _launch_seconds(device: str, sync: Callable[[], None]) -> float:
     return _median_seconds(run, 3, sync) / n
 
 
-def _split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
+def split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
     """What one split sublayer adds beyond its slower part (docs/cost-model.md Eq. 15), as the runtime runs it
     (runtime/executor.py `_split_step`, one thread): launch the GPU part (a tiny kernel, and an event recorded after
     it), compute the CPU part inline meanwhile, wait for the event, launch the merge (a concatenation). The median
@@ -319,7 +337,8 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | 
                  use_gpu: bool | None = None) -> Measurements:
     """Run every measurement this host supports; `progress(step, total, name)` is called as each step starts
     (steps count from 1)."""
-    steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU launch", "split sync"]
+    steps = ["CPU GEMM curve", "CPU GEMV", "CPU decode attention", "CPU prefill attention", "CPU launch",
+             "split sync"]
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     if gpu:
         steps += ["GPU bf16 GEMM", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
@@ -339,13 +358,17 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | 
     del weights
     step("CPU decode attention")
     kv = _kv_read_rate(sizes.weight_bytes, sizes.repeats)
+    step("CPU prefill attention")
+    attention = attention_curve(ATTENTION_QUERIES if sizes.repeats >= 5 else ATTENTION_QUERIES[:2],
+                                 max(2, sizes.repeats // 2))
     step("CPU launch")
     cpu_launch = _launch_seconds("cpu", lambda: None)
     step("split sync")
-    sync = _split_sync_seconds(gpu, repeats=2000 if sizes.repeats >= 5 else 300)
+    sync = split_sync_seconds(gpu, repeats=2000 if sizes.repeats >= 5 else 300)
     gpu_numbers = _gpu_numbers(sizes, step) if gpu else {}
     return Measurements(cpu_threads=torch.get_num_threads(), cpu_gemm_tflops=tuple(curve),
                         cpu_gemv_gb_per_s=rates[kernel], cpu_gemv_kernel=kernel, cpu_kv_read_gb_per_s=kv,
                         cpu_launch_seconds=cpu_launch, split_sync_seconds=sync, cpu_ddr_gib=_ddr_gib(),
+                        cpu_attention_tflops=tuple(attention),
                         **gpu_numbers)
 

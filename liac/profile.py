@@ -17,6 +17,7 @@ by `liac profile`, or by `liac compile` without `--hw` on first use; liac/host.p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -30,9 +31,9 @@ import platformdirs
 from liac.errors import LiacError
 from liac.fileio import parse_yaml, read_yaml
 from liac.schema_tools import from_data, spec_field, to_data
-from liac.sizes import GIB
+from liac.sizes import GIB, MIB
 
-__all__ = ["CurvePoint", "HardwareProfile", "HOST_PROFILE", "load_profile", "parse_profile", "resolve_profile",
+__all__ = ["CurvePoint", "HardwareProfile", "HOST_PROFILE", "OPTIONAL_FIELDS", "load_profile", "parse_profile", "resolve_profile",
            "profile_names", "host_profile_path"]
 
 HOST_PROFILE = "host"  # the name of this machine's own profile, kept in the user's cache directory
@@ -56,8 +57,9 @@ class HardwareProfile:
     gpu_bf16_tflops: float = spec_field("GPU dense bf16 GEMM throughput, TFLOP/s", minimum=0)
     gpu_hbm_gb_per_s: float = spec_field("GPU HBM bandwidth, GB/s", minimum=0)
     gpu_hbm_gib: float = spec_field("GPU memory capacity, GiB", minimum=0)
-    gpu_reserve_gib: float = spec_field("GPU memory kept out of the default budget (CUDA context, allocator "
-                                        "fragmentation), GiB", minimum=0)
+    gpu_reserve_gib: float = spec_field("GPU memory kept out of the default budget (other processes, headroom), "
+                                        "GiB; the process's own footprint (context, library workspaces, "
+                                        "activations) is counted inside the budget", minimum=0)
     gpu_launch_seconds: float = spec_field("GPU kernel launch overhead per kernel, s", minimum=0)
     # CPU
     cpu_amx_bf16_tflops: tuple[CurvePoint, ...] = spec_field("CPU AMX bf16 GEMM throughput over GEMM rows M "
@@ -87,17 +89,31 @@ class HardwareProfile:
     # Provenance
     sources: dict = spec_field("field name → where its number comes from")
     estimates: tuple[str, ...] = spec_field("fields whose numbers are estimates, not measurements")
+    # The process's GPU footprint beyond weights, KV and staging (docs/cost-model.md Eq. 14), all inside --gpu-mem.
+    # Optional in a profile file (defaults below, said in `sources` and listed under `estimates`): profiles written
+    # before these fields existed keep loading.
+    gpu_context_mib: float = spec_field("GPU memory the process holds outside PyTorch's caching allocator once it "
+                                        "has run its kernels: CUDA context, loaded kernels, library handles, MiB",
+                                        minimum=0, default=512.0)
+    gpu_library_workspace_mib: float = spec_field("GPU memory the CUDA libraries take from the caching allocator "
+                                                  "for their workspaces (cuBLAS, cuBLASLt) and the allocator's "
+                                                  "small-block segments, MiB", minimum=0, default=48.0)
+    cpu_attention_bf16_tflops: tuple[CurvePoint, ...] = spec_field(
+        "CPU attention (scaled_dot_product_attention, causal mask, bf16) over query length Q = context: FLOP/s "
+        "at each Q, counted as the cost model counts attention (4·Q·C·E per head, no causal halving); prices "
+        "attention nodes on the CPU in prefill (empty: the AMX GEMM curve at M = Q, as before)", default=())
+    gpu_activation_factor: float = spec_field("the runtime's GPU activation peak (allocator reserved bytes) over "
+                                              "the cost model's live-set model of it (Eq. 14): allocator rounding "
+                                              "and what the model does not see", minimum=1, default=1.25)
 
     def cpu_tflops_at(self, m: float) -> float:
         """AMX bf16 TFLOP/s for a GEMM of `m` rows: piecewise linear in log M between the curve's points."""
-        points = self.cpu_amx_bf16_tflops
-        if m <= points[0].m:
-            return points[0].tflops
-        for low, high in zip(points, points[1:]):
-            if m <= high.m:
-                frac = (math.log(m) - math.log(low.m)) / (math.log(high.m) - math.log(low.m))
-                return low.tflops + frac * (high.tflops - low.tflops)
-        return points[-1].tflops
+        return _curve_at(self.cpu_amx_bf16_tflops, m)
+
+    def cpu_attention_tflops_at(self, query: float) -> float:
+        """CPU attention TFLOP/s in prefill at `query` tokens (the attention curve; the GEMM curve without one)."""
+        return _curve_at(self.cpu_attention_bf16_tflops or self.cpu_amx_bf16_tflops, query)
+
 
     @property
     def gpu_budget_bytes(self) -> int:
@@ -108,6 +124,15 @@ class HardwareProfile:
     def cpu_budget_bytes(self) -> int:
         """Default `--cpu-mem`: DDR capacity minus the reserve."""
         return max(0, int((self.cpu_ddr_gib - self.cpu_reserve_gib) * GIB))
+
+    @property
+    def gpu_context_bytes(self) -> int:
+        """The GPU memory outside the caching allocator (Eq. 14's fixed part outside the runtime's allocator cap)."""
+        return int(self.gpu_context_mib * MIB)
+
+    @property
+    def gpu_library_workspace_bytes(self) -> int:
+        return int(self.gpu_library_workspace_mib * MIB)
 
     @property
     def cxl_budget_bytes(self) -> int:
@@ -123,28 +148,54 @@ class HardwareProfile:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _curve_at(points: tuple[CurvePoint, ...], m: float) -> float:
+    """A throughput curve at `m`: piecewise linear in log M between its points, clamped at both ends."""
+    if m <= points[0].m:
+        return points[0].tflops
+    for low, high in zip(points, points[1:]):
+        if m <= high.m:
+            frac = (math.log(m) - math.log(low.m)) / (math.log(high.m) - math.log(low.m))
+            return low.tflops + frac * (high.tflops - low.tflops)
+    return points[-1].tflops
+
+
+_FIELDS = {f.name: f for f in fields(HardwareProfile)}
+
 # Rates that a division uses: zero would mean "infinitely slow", which no real machine has.
 _POSITIVE = ("gpu_bf16_tflops", "gpu_hbm_gb_per_s", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s",
              "ddr_shared_gb_per_s", "pcie_h2d_gb_per_s", "pcie_d2h_gb_per_s", "pcie_bidir_gb_per_s")
 
 
+# Optional fields (added after profiles were first written): a profile file without them gets the default, said so
+# in `sources` and listed in `estimates`.
+OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
+                    "cpu_attention_bf16_tflops")
+
+
 def parse_profile(data, source: str) -> HardwareProfile:
     """Plain data (parsed YAML) → validated HardwareProfile; the first problem raises a path-named LiacError."""
     profile = from_data(HardwareProfile, data, source)
+    absent = [name for name in OPTIONAL_FIELDS if name not in data]
+    if absent:
+        defaults = {name: f"liac's default (the profile file does not set it): {_FIELDS[name].metadata['doc']}"
+                    for name in absent}
+        profile = dataclasses.replace(profile, sources={**defaults, **profile.sources},
+                                      estimates=tuple(sorted(set(profile.estimates) | set(absent))))
     for name in _POSITIVE:
         if getattr(profile, name) <= 0:
             raise LiacError(source, f"must be greater than 0, got {getattr(profile, name)!r}", path=name)
-    points = profile.cpu_amx_bf16_tflops
-    if not points:
+    if not profile.cpu_amx_bf16_tflops:
         raise LiacError(source, "must list at least one point", path="cpu_amx_bf16_tflops")
-    for index, (low, high) in enumerate(zip(points, points[1:])):
-        if high.m <= low.m:
-            raise LiacError(source, f"must be sorted by strictly increasing 'm' ({high.m} after {low.m})",
-                            path=f"cpu_amx_bf16_tflops[{index + 1}].m")
-    for index, point in enumerate(points):
-        if point.tflops <= 0:
-            raise LiacError(source, f"must be greater than 0, got {point.tflops!r}",
-                            path=f"cpu_amx_bf16_tflops[{index}].tflops")
+    for curve in ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops"):
+        points = getattr(profile, curve)
+        for index, (low, high) in enumerate(zip(points, points[1:])):
+            if high.m <= low.m:
+                raise LiacError(source, f"must be sorted by strictly increasing 'm' ({high.m} after {low.m})",
+                                path=f"{curve}[{index + 1}].m")
+        for index, point in enumerate(points):
+            if point.tflops <= 0:
+                raise LiacError(source, f"must be greater than 0, got {point.tflops!r}",
+                                path=f"{curve}[{index}].tflops")
     if profile.cxl_gib > 0 and profile.cxl_gb_per_s <= 0:
         raise LiacError(source, "must be greater than 0 when 'cxl_gib' is greater than 0", path="cxl_gb_per_s")
     known = {f.name for f in fields(HardwareProfile)} - {"sources", "estimates", "name", "description"}

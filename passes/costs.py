@@ -38,7 +38,7 @@ from liac.sizes import GB
 __all__ = [
     "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts", "PhaseCosts", "ClassCosts",
     "CostGraph", "annotate_costs", "node_seconds", "cpu_node_prices", "cpu_throughput_rows", "experts_touched",
-    "transfer_seconds", "splittable",
+    "transfer_seconds", "splittable", "activation_peak_bytes", "gpu_workspace_bytes",
 ]
 
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
@@ -147,9 +147,10 @@ class ClassCosts:
     operands: tuple[str, ...]  # per unit, one of OPERANDS
     weight_bytes: tuple[int, ...]  # per unit, bytes resident in its weight tier
     kv_cache_bytes: int  # one layer's KV cache for the whole generation (0 for embed/head)
-    workspace_bytes: int  # activations live at once on a device that computes any unit of the class
+    workspace_bytes: int  # Eq. 14: GPU bytes beyond weights, KV and staging while a unit of the class computes there
     prefill: PhaseCosts
     decode: PhaseCosts
+    host_workspace_bytes: int = 0  # Eq. 14: activations live at once on the host (reserved in DDR)
 
     def phase(self, phase: str) -> PhaseCosts:
         return self.prefill if phase == "prefill" else self.decode
@@ -171,7 +172,8 @@ class CostGraph:
     tied_weight_bytes: int = 0  # weights the embed and head units share (a tied LM head): stored once per tier
     split_permille: tuple[int, ...] = ()  # CPU shares (permille) split units are priced at; () = no splits
     pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
-    split_sync_seconds: float = 0.0  # Eq. 15: handing a split unit's CPU part to the worker and joining the parts
+    split_sync_seconds: float = 0.0  # Eq. 15: a split unit's join beyond its slower part
+    gpu_context_bytes: int = 0  # Eq. 14: the part of every class's GPU workspace outside the runtime's allocator
 
     def layer_class(self, name: str) -> ClassCosts:
         for costs in self.classes:
@@ -311,7 +313,9 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
         kv_rate = min(hw.cxl_gb_per_s, hw.cpu_kv_read_gb_per_s)
     memory_seconds = weights / (weight_rate * GB) + kv / (kv_rate * GB) + activations / (hw.cpu_ddr_read_gb_per_s * GB)
     rows = cpu_throughput_rows(sub, batch=point[0], query=point[1])
-    busy = np.maximum(flops / (hw.cpu_tflops_at(rows) * 1e12), memory_seconds)
+    # Attention in prefill runs as its own kernel (SDPA), at the profile's measured attention curve over Q
+    tflops = hw.cpu_attention_tflops_at(rows) if sub.kind in _ATTENTION and point[1] > 1 else hw.cpu_tflops_at(rows)
+    busy = np.maximum(flops / (tflops * 1e12), memory_seconds)
     # The DDR bytes Eq. 6 counts for it (R_cpu,ddr): its weights, and a decode KV cache, when they are in DDR.
     ddr_bytes = (weights + (kv if phase == "decode" else 0.0)) if tier == "ddr" else 0.0 * weights
     h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
@@ -505,7 +509,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         weight_bytes = tuple(sum(s.weight_bytes for s in by_unit[u]) for u in units)
         edges = _class_edges(graph, layer_class, units)
         phases = {}
-        workspace = 0.0
+        activations = 0.0
         for phase in PHASES:
             points = _points(layer_class, phase, workload)
             unit_costs = tuple(_unit_costs(u, by_unit[u], operands[i], phase, points, hw, split_permille)
@@ -516,7 +520,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                           d2h_seconds=tuple(transfer_seconds(nbytes(*p), hw.pcie_d2h_gb_per_s, hw) for p in points))
                 for src, dst, nbytes in edges)
             phases[phase] = PhaseCosts(steps=len(points), units=unit_costs, edges=edge_costs)
-            workspace = max(workspace, _workspace_bytes(subs, points))
+            activations = max(activations, activation_peak_bytes(subs, units, edges, phase, points))
         kv_cache = 0
         if layer_class == "decoder":
             prefill_point = _points("decoder", "prefill", workload)[0]
@@ -524,21 +528,55 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                            + sum(s.kv_written(*p) for s in subs for p in _points("decoder", "decode", workload)))
         classes.append(ClassCosts(layer_class=layer_class, count=int(graph.graph["layer_counts"][layer_class]),
                                   units=tuple(units), operands=operands, weight_bytes=weight_bytes,
-                                  kv_cache_bytes=kv_cache, workspace_bytes=int(workspace),
-                                  prefill=phases["prefill"], decode=phases["decode"]))
+                                  kv_cache_bytes=kv_cache, workspace_bytes=gpu_workspace_bytes(activations, hw),
+                                  prefill=phases["prefill"], decode=phases["decode"],
+                                  host_workspace_bytes=int(activations)))
     cxl_stream = min(hw.cxl_gb_per_s, hw.pcie_h2d_gb_per_s) if hw.cxl_gb_per_s > 0 else hw.pcie_h2d_gb_per_s
     return CostGraph(model=str(graph.graph.get("model", {}).get("name", "model")), profile=hw.name,
                      profile_sha256=hw.sha256(), workload=workload, budgets=budgets,
                      h2d_gb_per_s=hw.pcie_h2d_gb_per_s, cxl_stream_gb_per_s=cxl_stream,
                      ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes),
                      tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
-                     pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds)
+                     pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds,
+                     gpu_context_bytes=hw.gpu_context_bytes)
 
 
-def _workspace_bytes(subs: list[Sublayer], points) -> float:
-    """Activation bytes live at once (Eq. 14): the largest node's activation inputs plus outputs."""
+def _node_live_bytes(sub: Sublayer, point: tuple[int, int, int], fresh_kv: float) -> float:
+    """What one node holds at once while it runs: its activation inputs and outputs; an attention node in prefill
+    also this step's K and V (`fresh_kv`: activations until attention has read them); a gated activation
+    (silu(gate)·up: its input is twice its output) also its act(gate). Attention is counted as traced, its
+    probabilities materialised (a fused kernel holds less; run apart, the runtime computes them in query blocks
+    into one output, so the block's fp32 softmax adds little)."""
+    a_in, a_out = _activation_bytes(sub, point, _weights_touched(sub, point[0], point[1]))
+    live = a_in + a_out
+    if sub.kind in _ATTENTION:
+        live += fresh_kv
+    if sub.kind == "activation" and a_in > a_out:
+        live += a_out
+    return live
+
+
+def activation_peak_bytes(subs: list[Sublayer], units: list[str], edges, phase: str, points) -> float:
+    """Eq. 14: the most activation bytes one layer of a class holds at once, over the phase's steps.
+
+    The runtime frees each value after its last reader (runtime/schedule.py, `Op.drops`), so while unit u runs it
+    holds the values crossing u (the class's activation edges from a unit before u to one after it; the cross-layer
+    edges, handed from this layer's output unit to the next layer's, are held from the layer's start to their
+    reader: the residual stream) and what the node of u that needs most holds itself (`_node_live_bytes`).
+    """
     peak = 0.0
     for point in points:
-        for s in subs:
-            peak = max(peak, sum(_activation_bytes(s, point, _weights_touched(s, point[0], point[1]))))
+        fresh_kv = sum(float(s.kv_read(*point)) for s in subs) if phase == "prefill" else 0.0
+        for index, unit in enumerate(units):
+            held = sum(float(e.nbytes(*point)) for e in edges
+                       if (e.src < index < e.dst) or (e.src > e.dst and (index < e.dst or index > e.src)))
+            nodes = max((_node_live_bytes(s, point, fresh_kv) for s in subs if s.unit == unit), default=0.0)
+            peak = max(peak, held + nodes)
     return peak
+
+
+def gpu_workspace_bytes(activation_bytes: float, hw: HardwareProfile) -> int:
+    """Eq. 14: what the process holds on the GPU beyond weights, KV caches and staging buffers while it computes a
+    class there: the CUDA context (outside the caching allocator), the libraries' workspaces, and the activation
+    peak scaled by the profile's measured `gpu_activation_factor` (the allocator's reserved bytes over the model)."""
+    return int(hw.gpu_context_bytes + hw.gpu_library_workspace_bytes + hw.gpu_activation_factor * activation_bytes)

@@ -94,7 +94,8 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
                               objective=objective),
         budgets=Budgets(gpu_bytes=capacity["hbm"], cpu_bytes=capacity["ddr"], cxl_bytes=capacity["cxl"]),
         memory=TierBytes(hbm_bytes=used["hbm"], ddr_bytes=used["ddr"], cxl_bytes=used["cxl"]),
-        execution=Execution(prefetch_depth=depth, staging_bytes=assignment.staging_bytes),
+        execution=Execution(prefetch_depth=depth, staging_bytes=assignment.staging_bytes,
+                            workspace_bytes=max(0, assignment.workspace_bytes - costs.gpu_context_bytes)),
         layer_groups=groups)
     status = PlanStatus(
         solver=PlanSolverReport(name=report.name, status=report.status, objective_seconds=report.objective_seconds,

@@ -321,7 +321,7 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     ends = {name: c.weights_tier for name, c, _ in choices if name in ("embed", "head")}
     tied_tier = ends["embed"] if costs.tied_weight_bytes and ends["embed"] == ends["head"] else "none"
     assignment = Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
-                            host_workspace_bytes=max(c.workspace_bytes for c in costs.classes), objective_seconds=objective,
+                            host_workspace_bytes=max(c.host_workspace_bytes for c in costs.classes), objective_seconds=objective,
                             tied_tier=tied_tier, tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
     report = SolverReport(name=solution.solver, status="optimal" if solution.proven else "feasible",
                           objective_seconds=objective, gap=solution.gap, seconds=time.perf_counter() - start,

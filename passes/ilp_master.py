@@ -129,7 +129,7 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     objective = []
     memory = {"hbm": [], "ddr": [], "cxl": []}
     stagers, workers = [], []
-    host_workspace = max(cls.workspace_bytes for cls in costs.classes) / GIB
+    host_workspace = max(cls.host_workspace_bytes for cls in costs.classes) / GIB
     integer = "Continuous" if relax else "Integer"
     for cls in costs.classes:
         options = configs[cls.layer_class]
@@ -240,7 +240,7 @@ def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]
     HBM or DDR, so using less of one means more of the other and no configuration dominates another in both; when
     even the most DDR-hungry choice fits DDR, DDR cannot bind and dominance need not look at it (near-twin
     configurations, e.g. fc1 or fc2 resident, then collapse, which keeps the level problems easy)."""
-    host = max(cls.workspace_bytes for cls in costs.classes)
+    host = max(cls.host_workspace_bytes for cls in costs.classes)
     capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
     out = []
     for tier in TIERS:
@@ -277,7 +277,7 @@ class _LevelBounds:
                                  np.array([[c.hbm_bytes, c.ddr_bytes, c.cxl_bytes] for c in options]) / GIB,
                                  np.searchsorted(staging, self.levels, side="right")))
         budgets = costs.budgets
-        host = max(cls.workspace_bytes for cls in costs.classes)
+        host = max(cls.host_workspace_bytes for cls in costs.classes)
         self.capacity = np.stack([(budgets.hbm_bytes - (budgets.prefetch_depth + 1) * self.levels) / GIB,
                                   np.full(self.levels.size, (budgets.ddr_bytes - host) / GIB),
                                   np.full(self.levels.size, budgets.cxl_bytes / GIB)], axis=1)
@@ -385,7 +385,7 @@ def check_capacity(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> N
                                   "policy and tiers", tier="", short_bytes=0)
     need = sum(min(c.hbm_bytes + c.ddr_bytes + c.cxl_bytes for c in configs[cls.layer_class]) * cls.count
                for cls in costs.classes)
-    need += max(cls.workspace_bytes for cls in costs.classes) - costs.tied_weight_bytes  # host workspace; tie
+    need += max(cls.host_workspace_bytes for cls in costs.classes) - costs.tied_weight_bytes  # host workspace; tie
     have = costs.budgets.hbm_bytes + costs.budgets.ddr_bytes + costs.budgets.cxl_bytes
     if need > have:
         short = need - have

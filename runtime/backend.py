@@ -131,6 +131,19 @@ class Backend:
     def reset_peak(self) -> None:
         pass
 
+    def gpu_context_bytes(self) -> int | None:
+        """GPU memory this process holds outside torch's caching allocator (CUDA context, loaded kernels, library
+        handles), or None without a real GPU."""
+        return None
+
+    def reserve(self, nbytes: int) -> None:
+        """Have the caching allocator hold `nbytes` of GPU memory from now on (allocated, then freed into its
+        cache), so that activations are carved from it; raises torch.cuda.OutOfMemoryError when it cannot."""
+
+    def cap(self, nbytes: int | None) -> None:
+        """Forbid the caching allocator to hold more than `nbytes` (None: lift the cap): past it, an allocation
+        first frees cached blocks, then fails with torch.cuda.OutOfMemoryError."""
+
     def release_cached(self) -> None:
         """Hand cached, unused GPU memory back to the driver (after an engine closes)."""
 
@@ -257,6 +270,23 @@ class CudaBackend(Backend):
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.devices["gpu"])
+
+    def gpu_context_bytes(self) -> int:
+        # Everything in use on the device that the allocator does not hold: this process's context, kernels and
+        # library handles (and, on a shared GPU, other processes' memory: then an overestimate).
+        free, total = torch.cuda.mem_get_info(self.devices["gpu"])
+        return max(0, int(total - free) - int(torch.cuda.memory_reserved(self.devices["gpu"])))
+
+    def reserve(self, nbytes):
+        if nbytes > 0:
+            block = torch.empty(int(nbytes), dtype=torch.uint8, device=self.devices["gpu"])
+            del block  # back into the allocator's cache, which keeps it
+
+    def cap(self, nbytes):
+        device = self.devices["gpu"]
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(1.0 if nbytes is None else min(1.0, max(0.0, nbytes / total)),
+                                                   device)
 
     def pin(self, tensor):
         # cudaHostRegister pins exactly these pages; torch's pinned allocator would round large sizes up to a

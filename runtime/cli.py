@@ -4,7 +4,8 @@ report, exit.
     lia-run PLAN|SWEEP_DIR (--weights DIR | --random-weights SEED)
             [--prompt TEXT ... | --prompt-file FILE | --prompt-len N | --prompt-ids FILE] [--chat] [--gen-len M]
             [--batch B] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
-            [--json | --jsonl] [--metrics-out FILE] [--profile-steps K] [--dtype D] [--emulate-gpu]
+            [--json | --jsonl] [--metrics-out FILE] [--profile-steps K] [--dtype D] [--no-warm-up]
+            [--emulate-gpu]
 
 stdout carries what was generated: text (one sequence streamed as it is produced; a batch, each sequence when it
 is done), or token ids, or with --json one JSON document (--jsonl: one JSON line per sequence when it is done);
@@ -104,6 +105,10 @@ def build_parser() -> OneLineParser:
                              "(--metrics-out, --json; 0: skip it; default 4)")
     parser.add_argument("--dtype", choices=tuple(DTYPES),
                         help="compute and storage dtype (default: the plan's model dtype, bfloat16)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="skip the warm-up at load (one prefill and one decode step of the request's shapes "
+                             "through the first layer of each layer group); its first request then pays one-off "
+                             "costs")
     parser.add_argument("--emulate-gpu", action="store_true",
                         help="test mode: run 'gpu' sublayers on the CPU behind the GPU interface")
     return parser
@@ -269,7 +274,8 @@ def run(args) -> int:
     weights = RandomWeights(args.random_weights) if args.random_weights is not None else args.weights
     tty = sys.stderr.isatty()
     with Engine.from_plan(plan_path, weights, emulate_gpu=True if args.emulate_gpu else None, progress=tty,
-                          tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None) as engine:
+                          tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None,
+                          warm_up=False if args.no_warm_up else (request.batch.size, request.batch.width)) as engine:
         text = request.texts is not None
         eos = engine.text.eos_ids() if text and not args.ignore_eos else ()
         streamer, printer, bar = _writers(args, request, eos, gen_len, tty)

@@ -16,6 +16,7 @@ any sublayer is on 'gpu', free GPU memory, available host RAM). Every failure is
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import resource
@@ -43,8 +44,8 @@ from liac.runtime.text import TokenizerSource, decode, encode_prompts, is_batch_
 from liac.runtime.weights import (Checkpoint, Progress, RandomWeights, WeightStore, fill_random, load_checkpoint)
 from liac.sizes import GIB, numel
 
-__all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES", "check_request",
-           "resolve_plan", "request_limits", "DTYPES"]
+__all__ = ["Engine", "Generation", "GpuBudget", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES",
+           "check_request", "gpu_budget", "resolve_plan", "request_limits", "DTYPES"]
 
 SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -122,6 +123,55 @@ class _Options:
     progress: bool
     stream_log: list | None
     cpu_kernel: str
+    enforce_budget: bool
+    warm_up: bool | tuple[int, int]
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """How a run keeps the plan's GPU budget (`spec.budgets.gpu_bytes`): the whole footprint of the process on the
+    GPU, as the cost model counts it (docs/cost-model.md Eq. 14).
+
+    The arena (weights, KV caches, staging buffers) and the workspace (activations and the libraries' workspaces,
+    `spec.execution.workspace_bytes`) live in torch's caching allocator; the CUDA context lives outside it. The
+    runtime reserves the workspace up front and caps the allocator at `cap_bytes` = budget − context, so the
+    allocator's reserved bytes plus the context never pass the budget: an activation peak beyond the plan's is an
+    out-of-memory error, never a silent overshoot. `enforced` is False for plans that do not record their workspace
+    (written before it was) and for runs without a real GPU.
+    """
+
+    budget_bytes: int
+    arena_bytes: int
+    workspace_bytes: int
+    context_bytes: int  # the larger of the context measured at start and the plan's (hbm − arena − workspace)
+    enforced: bool
+
+    @property
+    def cap_bytes(self) -> int:
+        return self.budget_bytes - self.context_bytes
+
+
+def gpu_budget(plan: OffloadPlan, source: str, arena_bytes: int, context_bytes: int | None,
+               uses_gpu: bool) -> GpuBudget:
+    """The run's GPU budget (see `GpuBudget`); `context_bytes` is what this GPU's context takes now (None: no real
+    GPU). Raises a one-line LiacError when the arena and the workspace do not fit the budget beside the context."""
+    spec = plan.spec
+    workspace = spec.execution.workspace_bytes
+    if not uses_gpu or context_bytes is None or workspace == 0:
+        legacy = max(0, spec.memory.hbm_bytes - arena_bytes) if uses_gpu else 0
+        return GpuBudget(spec.budgets.gpu_bytes, arena_bytes, workspace or legacy, context_bytes or 0, False)
+    planned_context = max(0, spec.memory.hbm_bytes - arena_bytes - workspace)
+    context = max(context_bytes, planned_context)
+    budget = GpuBudget(spec.budgets.gpu_bytes, arena_bytes, workspace, context, True)
+    need = arena_bytes + workspace + context
+    if need > budget.budget_bytes:
+        raise LiacError(source, f"needs {need / GIB:.2f} GiB of GPU memory within its budget of "
+                                f"{budget.budget_bytes / GIB:.2f} GiB: weights, KV and staging {arena_bytes / GIB:.2f}"
+                                f", workspace {workspace / GIB:.2f}, CUDA context {context / GIB:.2f} here (the "
+                                f"plan's profile expected {planned_context / GIB:.2f}; short by "
+                                f"{(need - budget.budget_bytes) / GIB:.2f} GiB): recompile with a profile of this "
+                                f"host ('liac profile') or a smaller --gpu-mem", path="spec.budgets.gpu_bytes")
+    return budget
 
 
 def _plan_dtype(plan: OffloadPlan) -> torch.dtype:
@@ -154,7 +204,8 @@ class Engine:
     def __init__(self, plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, memory: TierMemory,
                  store: WeightStore, executor: Executor, dtype: torch.dtype, notes: list[str],
                  shared: HostWeights | None = None, shared_bytes: dict[str, int] | None = None,
-                 cpu_linear: tuple[str, dict | None] = ("linear", None), build_seconds: float = 0.0):
+                 cpu_linear: tuple[str, dict | None] = ("linear", None), build_seconds: float = 0.0,
+                 budget: GpuBudget | None = None):
         self.plan, self.source, self.backend, self.schedule = plan, source, backend, schedule
         self.memory, self.store, self.executor, self.dtype = memory, store, executor, dtype
         self.notes = notes
@@ -162,7 +213,10 @@ class Engine:
         self.shared = shared                            # the HostWeights this engine's host tensors view
         self.shared_bytes = shared_bytes or {tier: 0 for tier in TIERS}  # per planned tier, served by `shared`
         self.cpu_linear = cpu_linear                    # (small-M CPU kernel, measured GB/s or None)
-        self.build_seconds = build_seconds
+        self.build_seconds = build_seconds  # checks, allocation, weights, binding: `load_seconds` in the metrics
+        self.warmup_seconds = 0.0
+        self.warmup_request: tuple[int, int] | None = None
+        self.budget = budget or GpuBudget(plan.spec.budgets.gpu_bytes, 0, 0, 0, False)
         self.closed = False
         self.text = TokenizerSource()  # the tokenizer, for text prompts (from_plan sets it)
 
@@ -170,7 +224,8 @@ class Engine:
     def from_plan(cls, plan: OffloadPlan | str | os.PathLike,
                   weights: str | os.PathLike | RandomWeights | HostWeights, *, emulate_gpu: bool | None = None,
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
-                  stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None) -> "Engine":
+                  stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
+                  enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -187,11 +242,16 @@ class Engine:
                 weights, runtime/kernels.py), 'linear' or 'mv'.
             tokenizer: for text prompts: a transformers tokenizer or the directory it is saved in; default the
                 checkpoint directory `weights` (loaded on first use).
+            enforce_budget: on a GPU, reserve the plan's workspace and cap torch's allocator at the budget less the
+                CUDA context (`GpuBudget`); False only to measure the footprint (runtime/footprint.py).
+            warm_up: after loading, run the first layer of every group once at the request's shapes (prefill and
+                one decode step, `Engine.warm_up`): True at the plan's workload, (batch, prompt_len) at those, or
+                False. Timed apart from loading (`load_seconds`, `warmup_seconds`).
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
         """
-        options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel)
+        options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up)
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -278,8 +338,14 @@ class Engine:
                 if in_shared[tier]:
                     shared_bytes[tier] += aligned(numel(shapes[canonical]) * itemsize)
         arena_bytes = {tier: nbytes - shared_bytes[tier] for tier, nbytes in schedule.tier_bytes.items()}
+        budget = gpu_budget(plan, source, arena_bytes["hbm"], backend.gpu_context_bytes(), schedule.uses_gpu)
+        if not options.enforce_budget:
+            budget = dataclasses.replace(budget, enforced=False)
         _check_host(plan, source, backend, schedule, cxl.node is not None, arena_bytes,
-                    sum(shared_bytes.values()))
+                    sum(shared_bytes.values()), budget)
+        if schedule.uses_gpu and not budget.enforced and not backend.emulated and backend.devices["gpu"]:
+            notes.append("the plan does not record its GPU workspace (compiled before it was): its GPU budget is "
+                         "not enforced")
 
         memory = TierMemory.allocate(backend, arena_bytes, cxl)
         notes.extend(memory.notes)
@@ -297,11 +363,20 @@ class Engine:
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0])
             backend.synchronize()
+            if budget.enforced:  # loading's temporaries are gone: hold the workspace, then cap the allocator
+                backend.release_cached()
+                backend.reserve(budget.workspace_bytes)
+                backend.cap(budget.cap_bytes)
+                backend.reset_peak()  # the run's peak from here (loading random weights used GPU scratch)
         except torch.cuda.OutOfMemoryError as e:
             raise LiacError("host", "CUDA out of memory while placing the model: the plan does not fit this GPU "
-                                    "(free memory is below spec.memory.hbm_bytes plus the activation workspace)") from e
-        return cls(plan, source, backend, schedule, memory, store, executor, dtype, notes, shared, shared_bytes,
-                   cpu_linear, time.perf_counter() - began)
+                                    "(free memory is below spec.memory.hbm_bytes)") from e
+        engine = cls(plan, source, backend, schedule, memory, store, executor, dtype, notes, shared, shared_bytes,
+                     cpu_linear, time.perf_counter() - began, budget)
+        if options.warm_up:
+            work = plan.spec.workload
+            engine.warm_up(*((work.batch_size, work.prompt_len) if options.warm_up is True else options.warm_up))
+        return engine
 
     # ------------------------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -313,6 +388,8 @@ class Engine:
         self.executor.close()
         self.executor = self.store = self.memory = None  # type: ignore[assignment]
         gc.collect()  # the bound modules and closures form cycles; the arenas go with them
+        if self.budget.enforced:
+            self.backend.cap(None)
         self.backend.release_cached()
 
     def __enter__(self) -> "Engine":
@@ -429,8 +506,13 @@ class Engine:
         try:
             out = self._generate(batch, max_new_tokens, return_logits, Sampler(sampling), stops, streamer, on_step)
         except torch.cuda.OutOfMemoryError as e:
-            raise LiacError("host", "CUDA out of memory during generation: the activations do not fit next to "
-                                    "what the plan reserved (spec.memory.hbm_bytes leaves too little free)") from e
+            within = (f"the plan's GPU budget of {self.budget.budget_bytes / GIB:.2f} GiB (its activation workspace "
+                      f"of {self.budget.workspace_bytes / GIB:.2f} GiB is too small for this request: recompile "
+                      f"with a profile whose gpu_activation_factor this host measured, 'liac profile')"
+                      if self.budget.enforced else "what the plan reserved (spec.memory.hbm_bytes leaves too "
+                                                   "little free)")
+            raise LiacError("host", f"CUDA out of memory during generation: the activations do not fit within "
+                                    f"{within}") from e
         if streamer is not None:
             streamer.end()
         if textual and self.text.available():
@@ -494,6 +576,30 @@ class Engine:
                           tuple(batch.lengths))
 
     @torch.inference_mode()
+    def warm_up(self, batch: int, prompt_len: int) -> float:
+        """Run every distinct op placement once at a request's shapes (`Executor.warm_up`), so that the first
+        request's prefill costs what the plan predicts: cuBLAS handles and workspaces, the kernels the libraries
+        pick for these shapes (and their modules, loaded on first use), oneDNN's primitives, the allocator's blocks
+        and the pinned host blocks of PCIe crossings are made here. Returns (and keeps) its seconds."""
+        self._open()
+        check_request(self.plan, batch, prompt_len, 2)
+        began = time.perf_counter()
+        counts = self.backend.transfers
+        before = dataclasses.replace(counts, by_value=dict(counts.by_value))
+        try:
+            self.executor.warm_up(batch, prompt_len)
+        except torch.cuda.OutOfMemoryError as e:
+            raise LiacError("host", f"CUDA out of memory while warming up at batch {batch}, prompt {prompt_len}: the "
+                                    f"activations do not fit within the plan's GPU budget of "
+                                    f"{self.budget.budget_bytes / GIB:.2f} GiB") from e
+        finally:  # the transfer counters are the requests': the warm-up's are dropped (in place: steps hold them)
+            for counter in dataclasses.fields(counts):
+                setattr(counts, counter.name, getattr(before, counter.name))
+        self.warmup_seconds = time.perf_counter() - began
+        self.warmup_request = (batch, prompt_len)
+        return self.warmup_seconds
+
+    @torch.inference_mode()
     def profile(self, input_ids, decode_steps: int, attention_mask=None) -> dict[tuple, float]:
         """Per-op mean seconds (per layer, per pass) from a separate synchronised pass: prefill + decode steps.
 
@@ -530,9 +636,16 @@ class Engine:
                 ([self.shared.pinned] if shared[tier] else [])
             return all(parts) if parts else None  # None: nothing of the run sits there
 
+        budget = self.budget
+        context = self.backend.gpu_context_bytes()
+        peak_reserved = self.backend.gpu_peak_reserved_bytes()
         return {
             "hbm": {"planned_bytes": planned.hbm_bytes, "reserved_bytes": reserved["hbm"], "shared_bytes": 0,
-                    "peak_bytes": gpu_peak, "pinned": None},
+                    "peak_bytes": gpu_peak, "pinned": None, "budget_bytes": budget.budget_bytes,
+                    "workspace_bytes": budget.workspace_bytes, "context_bytes": context,
+                    "peak_reserved_bytes": peak_reserved, "budget_enforced": budget.enforced,
+                    "peak_footprint_bytes": None if context is None or peak_reserved is None
+                    else context + peak_reserved},
             "ddr": {"planned_bytes": planned.ddr_bytes, "reserved_bytes": reserved["ddr"] + shared["ddr"],
                     "shared_bytes": shared["ddr"], "peak_bytes": host_peak, "pinned": pinned("ddr")},
             "cxl": {"planned_bytes": planned.cxl_bytes, "reserved_bytes": reserved["cxl"] + shared["cxl"],
@@ -598,16 +711,18 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
 
 
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,
-                arena_bytes: dict[str, int], shared_bytes: int) -> None:
+                arena_bytes: dict[str, int], shared_bytes: int, budget: GpuBudget) -> None:
     """Free GPU memory and available host RAM must cover what the plan reserves and what this run allocates
     (`arena_bytes` per tier; `shared_bytes` of the plan's host tensors already sit in shared HostWeights).
 
-    The GPU's activation workspace is the compiler's (docs/cost-model.md Eq. 14), inside `spec.memory.hbm_bytes`:
-    the runtime keeps no model of its own, so the plan's reservation is what is checked."""
+    The GPU's workspace is the compiler's (docs/cost-model.md Eq. 14), inside `spec.memory.hbm_bytes`: the runtime
+    keeps no model of its own. The context already exists, so free memory must hold the arena and the workspace."""
     need = arena_bytes
     memory = plan.spec.memory
     gpu_need = 0
-    if schedule.uses_gpu or need["hbm"]:
+    if budget.enforced:
+        gpu_need = need["hbm"] + budget.workspace_bytes
+    elif schedule.uses_gpu or need["hbm"]:
         gpu_need = max(memory.hbm_bytes, need["hbm"])
     free = backend.gpu_free_bytes()
     if free is not None and gpu_need > free:

@@ -39,7 +39,7 @@ from liac.runtime.kvcache import KVCache
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor", "STEPS", "SPLIT_KINDS", "greedy"]
+__all__ = ["Frame", "Executor", "STEPS", "SPLIT_KINDS", "greedy", "SCORE_BLOCK_BYTES"]
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -253,6 +253,47 @@ class Executor:
             return None
         return {d: pad.to(self.backend.devices[d]) for d in self.devices}
 
+    def warm_up(self, batch: int, prompt_len: int) -> int:
+        """One prefill pass of `batch` × `prompt_len` tokens and one decode step through the first layer of every
+        layer group, the embedding and the LM head: each distinct placement runs once at the request's shapes, so
+        the first request finds the libraries' handles, the kernels they chose, their first allocations and the
+        pinned host blocks of its crossings already made. The layers' KV caches keep what it wrote (attention
+        reads only positions a request wrote). Returns the number of decoder layers it ran."""
+        firsts, decoder_groups = {}, set()
+        for op, _ in self.programs["prefill"]:
+            firsts.setdefault(op.group, op.layer)
+            if op.layer_class == "decoder":
+                decoder_groups.add(op.group)
+        ids = torch.zeros(batch, prompt_len, dtype=torch.long)
+        frame = self._forward_alone("prefill", ids, 0, firsts)
+        feed = self.decode_embed_device
+        self._forward_alone("decode", frame.vals["next"][feed], prompt_len, firsts)
+        self.backend.synchronize()
+        return len(decoder_groups)
+
+    def _forward_alone(self, phase: str, ids: torch.Tensor, start: int, firsts: dict[str, int]) -> Frame:
+        """A pass over only the ops of the layers in `firsts` (group → its first layer); each of their stream units
+        is copied when its layer is reached, nothing ahead (Streamer.begin_alone)."""
+        batch, length = ids.shape
+        frame = Frame(batch, start, length)
+        frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
+        for d in self.devices:
+            frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
+            frame.mask[d] = None
+        streamer = self.streamer
+        streamer.begin_alone(self.stream_units[phase], batch, start)
+        for op, step in self.programs[phase]:
+            if firsts.get(op.group) != op.layer:
+                continue
+            if op.kind == "wait":
+                streamer.issue(op.stream_unit)
+                streamer.wait(op.stream_unit)
+            elif op.kind == "release":
+                streamer.release_alone(op.stream_unit)
+            else:
+                step(frame)
+        return frame
+
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""
         self.streamer.prime(self.stream_units["decode"], batch, start)
@@ -360,6 +401,30 @@ def _over_cpu_cache(op: Op) -> bool:
     return op.device == "cpu" and op.kv_read == "cache"
 
 
+SCORE_BLOCK_BYTES = 64 * 2**20  # the fp32 scores of one block of query rows (attention run apart, in prefill)
+
+
+def _score_in_blocks(module: nn.Module, q: torch.Tensor, keys: torch.Tensor, context: int,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The unit's own `score` (q·Kᵀ, mask, softmax) over blocks of query rows, written into one [B, H, Q, C] output:
+    the whole probabilities (which cross to the context's device) and one block's fp32 temporaries are all it
+    holds, where one call would hold the scores three times over (bf16 product, fp32 softmax, its bf16 copy): the
+    memory the cost model counts for it (Eq. 14). Query row i sees keys up to C − Q + i (a padding `mask`
+    [B, 1, Q, C] only takes more away), so the block of rows [r0, r1) is the unit's score at context C − Q + r1
+    with its rows of the mask, its columns beyond that zero: the same probabilities."""
+    B, H, Q, E = q.shape
+    rows = max(1, SCORE_BLOCK_BYTES // max(1, B * H * context * 4))
+    if Q <= rows:
+        return module.score(q, keys, context, mask)
+    p = torch.zeros(B, H, Q, context, dtype=q.dtype, device=q.device)
+    for first in range(0, Q, rows):
+        last = min(Q, first + rows)
+        seen = context - Q + last
+        block = None if mask is None else mask[:, :, first:last, :seen]
+        p[:, :, first:last, :seen] = module.score(q[:, :, first:last], keys, seen, block)
+    return p
+
+
 def _score_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     if _over_cpu_cache(op):
@@ -368,14 +433,15 @@ def _score_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         def over_capacity(frame: Frame) -> None:
             _run_moves(transfer, frame.vals, pre)
             keys = kv.capacity(layer, "k", frame.batch)
-            frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys, frame.start + frame.length,
-                                                 frame.mask[dev])}
+            frame.vals["p"] = {dev: _score_in_blocks(module, frame.vals["q"][dev], keys, frame.start + frame.length,
+                                                     frame.mask[dev])}
         return over_capacity
     keys = _kv_reader(ex, op, stream_unit, "k")
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
-        frame.vals["p"] = {dev: module.score(frame.vals["q"][dev], keys(frame), mask=frame.mask[dev])}
+        k = keys(frame)
+        frame.vals["p"] = {dev: _score_in_blocks(module, frame.vals["q"][dev], k, k.shape[2], frame.mask[dev])}
     return step
 
 

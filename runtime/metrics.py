@@ -120,6 +120,10 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                                              if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
                 "decode_steps": steps, "generated_tokens": sum(generation.lengths)},
+        "load_seconds": stable_float(engine.build_seconds),
+        "warmup_seconds": stable_float(engine.warmup_seconds),
+        "warmup": ({"batch_size": engine.warmup_request[0], "prompt_len": engine.warmup_request[1]}
+                   if engine.warmup_request else None),
         "prefill_ms": _ms(generation.prefill_seconds),
         "decode_ms": _ms(generation.decode_seconds),
         "decode_ms_per_token": _ms(generation.decode_seconds / steps) if steps else None,
@@ -147,6 +151,10 @@ def summary_lines(metrics: dict) -> list[str]:
     lines = [f"plan {metrics['plan']}: {metrics['backend']['gpu']}; CPU kernels '{metrics['backend']['cpu_kernels']}'"
              f", {metrics['backend']['dtype']}"]
     lines += [f"note: {note}" for note in metrics["notes"]]
+    warm = metrics.get("warmup")
+    lines.append(f"loaded in {metrics['load_seconds']:.2f} s, "
+                 + (f"warmed up in {metrics['warmup_seconds']:.2f} s (batch {warm['batch_size']}, prompt "
+                    f"{warm['prompt_len']})" if warm else "no warm-up"))
     run = metrics["run"]
     per_token = metrics["decode_ms_per_token"]
     lines.append(f"batch {run['batch_size']}, prompt {run['prompt_len']}, {run['gen_len']} new tokens: prefill "
@@ -162,6 +170,11 @@ def summary_lines(metrics: dict) -> list[str]:
         lines.append(f"  scaled to this run: prefill {scaled['prefill_ms']:.2f} ms, decode "
                      f"{scaled['decode_ms_per_token']:.2f} ms/token, {scaled['tokens_per_second']:.1f} tokens/s")
     for row in metrics["memory"]:
+        if row["tier"] == "hbm" and row.get("peak_footprint_bytes") is not None:
+            lines.append(f"GPU footprint: peak {row['peak_footprint_bytes'] / GIB:.3f} GiB (allocator "
+                         f"{row['peak_reserved_bytes'] / GIB:.3f} + CUDA context {row['context_bytes'] / GIB:.3f}) "
+                         f"of a {row['budget_bytes'] / GIB:.3f} GiB budget"
+                         + ("" if row["budget_enforced"] else " (not enforced)"))
         peak = row["peak_bytes"]
         lines.append(f"memory {row['tier']}: reserved {row['reserved_bytes'] / GIB:.3f} GiB of "
                      f"{row['planned_bytes'] / GIB:.3f} GiB planned"

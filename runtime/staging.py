@@ -61,6 +61,7 @@ class Streamer:
         self.dtype = dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         self.log = log
+        self._alone = False  # a warm-up pass (`begin_alone`): not logged, no prefetch
         self.copied = [backend.event() for _ in buffers]
         self.released = [None] * self.n
         self.kv_written = backend.event()
@@ -107,6 +108,7 @@ class Streamer:
         self._primed = None
         self.stream_units, self.batch, self.past = stream_units, batch, past
         self.kv_written.record()
+        self._alone = False
         if self.log is not None:
             self.log.append(("start", self.issued))
         for index in range(self.issued, min(self.n, len(stream_units))):
@@ -114,6 +116,7 @@ class Streamer:
 
     def prime(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
         """Issue the first stream units of the next pass now (called after the current pass's last layer)."""
+        self._alone = False
         self.stream_units, self.batch, self.past = stream_units, batch, past
         self.kv_written.record()
         count = min(self.n, len(stream_units))
@@ -121,13 +124,32 @@ class Streamer:
             self._issue(index)
         self._primed = _Primed(stream_units, batch, past, count)
 
+    def begin_alone(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:
+        """Begin a pass that copies each stream unit only when it is reached (`issue`), nothing ahead: the warm-up
+        pass, which runs a few layers of the phase's program (runtime/executor.py `Executor.warm_up`)."""
+        self.stream_units, self.batch, self.past, self.issued = stream_units, batch, past, 0
+        self._primed = None
+        self._alone = True
+        self.kv_written.record()
+
+    def issue(self, index: int) -> None:
+        """Copy stream unit `index` of the current pass into its buffer now."""
+        self._issue(index)
+
+    def release_alone(self, index: int) -> None:
+        """Hand buffer `index` back without issuing the stream unit that would refill it (see `begin_alone`)."""
+        slot = index % self.n
+        event = self.released[slot] or self.backend.event()
+        event.record()
+        self.released[slot] = event
+
     def wait(self, index: int) -> None:
-        if self.log is not None:
+        if self.log is not None and not self._alone:
             self.log.append(("wait", index))
         self.copied[index % self.n].wait()
 
     def release(self, index: int) -> None:
-        if self.log is not None:
+        if self.log is not None and not self._alone:
             self.log.append(("release", index))
         slot = index % self.n
         event = self.released[slot] or self.backend.event()
@@ -140,7 +162,7 @@ class Streamer:
     def _issue(self, index: int) -> None:
         stream_unit = self.stream_units[index]
         slot = index % self.n
-        if self.log is not None:
+        if self.log is not None and not self._alone:
             self.log.append(("issue", index))
         backend = self.backend
         with backend.on_stream(self.stream):

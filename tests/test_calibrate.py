@@ -55,10 +55,12 @@ def synthetic(tmp_path_factory):
     cfg = resolve_model("opt-125m")
     true = scaled_profile(BASE, TRUE)
     metrics = []
+    footprint = BASE.gpu_context_bytes + BASE.gpu_library_workspace_bytes  # inside the budget (Eq. 14)
     for index, (policy, mib, batch, prompt) in enumerate(CASES):
-        plan = compile_plans(cfg, BASE, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=mib << 20,
+        budget = (mib << 20) + footprint
+        plan = compile_plans(cfg, BASE, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=budget,
                              policy=policy).points[0].plan
-        measured = compile_plans(cfg, true, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=mib << 20,
+        measured = compile_plans(cfg, true, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=budget,
                                  policy=policy).points[0].plan
         assert plan.spec.layer_groups == measured.spec.layer_groups  # the same placement ran
         (root / "plans" / f"{index}.yaml").write_text(plan_to_yaml(plan))

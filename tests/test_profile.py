@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from liac.errors import LiacError
-from liac.profile import load_profile, profile_names, resolve_profile
+from liac.profile import OPTIONAL_FIELDS, load_profile, profile_names, resolve_profile
 from liac.sizes import GIB
 
 SHIPPED = ("gnr-h100", "h200-amx16", "spr-a100", "spr-h100", "spr-h100-cxl")
@@ -93,7 +93,10 @@ def test_budgets_are_capacity_minus_reserve():
     (lambda d: d.update(gpu_hbm_gib=-1.0), "gpu_hbm_gib", "at least 0"),
     (lambda d: d["cpu_amx_bf16_tflops"].reverse(), "cpu_amx_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d["sources"].pop("cpu_kv_read_gb_per_s"), "sources", "'cpu_kv_read_gb_per_s'"),
-    (lambda d: d["estimates"].append("speed"), "estimates[13]", "unknown field 'speed'"),
+    (lambda d: d["estimates"].append("speed"), "estimates[16]", "unknown field 'speed'"),
+    (lambda d: d.update(cpu_attention_bf16_tflops=[{"m": 128, "tflops": 1.0}, {"m": 16, "tflops": 0.5}]),
+     "cpu_attention_bf16_tflops[1].m", "strictly increasing"),
+    (lambda d: d.update(gpu_activation_factor=0.8), "gpu_activation_factor", "at least 1"),
     (lambda d: d.pop("ddr_shared_gb_per_s"), "ddr_shared_gb_per_s", "required"),
     # a profile written before splits had a synchronisation cost: no silent default, the field is named
     (lambda d: (d.pop("split_sync_seconds"), d["sources"].pop("split_sync_seconds"),
@@ -109,3 +112,22 @@ def test_bad_profiles_name_the_field(tmp_path, edit, path, message):
     assert info.value.path == path
     assert message in info.value.message
     assert info.value.line().startswith(str(bad))
+
+
+def test_a_profile_written_before_the_footprint_fields_still_loads(tmp_path):
+    """The GPU footprint fields and the CPU attention curve came later (issue 12): a file without them loads with
+    liac's defaults, each said in `sources` and listed under `estimates`."""
+    data = yaml.safe_load(_shipped_text("spr-h100"))
+    for name in OPTIONAL_FIELDS:
+        data.pop(name, None)
+        data["sources"].pop(name, None)
+        if name in data["estimates"]:
+            data["estimates"].remove(name)
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(data))
+    profile = load_profile(old)
+    assert (profile.gpu_context_mib, profile.gpu_library_workspace_mib, profile.gpu_activation_factor) == (
+        512.0, 48.0, 1.25)
+    assert profile.cpu_attention_bf16_tflops == () and profile.cpu_attention_tflops_at(128) == profile.cpu_tflops_at(128)
+    for name in OPTIONAL_FIELDS:
+        assert name in profile.estimates and profile.sources[name].startswith("liac's default")

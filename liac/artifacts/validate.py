@@ -117,10 +117,13 @@ def _capacity_problems(plan) -> list[tuple[str, str, str]]:
     for tier, budget_field in BUDGET_FIELD.items():
         budget = getattr(spec.budgets, budget_field)
         reserved = getattr(spec.memory, f"{tier}_bytes")
-        need = used[tier].total_bytes + (staging if tier == "hbm" else 0)
+        workspace = spec.execution.workspace_bytes if tier == "hbm" else 0
+        need = used[tier].total_bytes + (staging if tier == "hbm" else 0) + workspace
         parts = [f"weights {format_gib(used[tier].weight_bytes)}", f"KV cache {format_gib(used[tier].kv_bytes)}"]
         if tier == "hbm" and staging:
             parts.append(f"staging {format_gib(staging)}")
+        if workspace:
+            parts.append(f"workspace {format_gib(workspace)}")
         what = f"{format_gib(need)} in '{tier}' ({', '.join(parts)})"
         if need > budget:
             out.append((f"spec.budgets.{budget_field}", f"over budget: the plan places {what}, more than the "

@@ -48,6 +48,8 @@ def run(args) -> int:
                          f"{isa.name} rate\n")
     sizes = ProbeSizes.quick() if args.quick else ProbeSizes.full()
     profile = host.measure_profile(sizes, base, name=args.name or out.stem, use_gpu=not args.no_gpu, quick=args.quick)
+    if "gpu_bf16_tflops" not in profile.estimates and not args.quick:
+        profile = _with_gpu_footprint(profile)
     try:
         host.write_profile(profile, out)
     except OSError as e:
@@ -60,6 +62,20 @@ def run(args) -> int:
         print(f"  PCIe H2D {profile.pcie_h2d_gb_per_s:.1f} GB/s, D2H {profile.pcie_d2h_gb_per_s:.1f}, both "
               f"{profile.pcie_bidir_gb_per_s:.1f}; CPU+H2D together {profile.ddr_shared_gb_per_s:.1f} GB/s; "
               f"GPU {profile.gpu_bf16_tflops:.0f} TFLOP/s, HBM {profile.gpu_hbm_gb_per_s:.0f} GB/s")
+        print(f"  GPU footprint: context {profile.gpu_context_mib:.0f} MiB, library workspaces "
+              f"{profile.gpu_library_workspace_mib:.0f} MiB, activations {profile.gpu_activation_factor:.2f}x the "
+              f"model (docs/cost-model.md Eq. 14)")
     elif profile.gpu_hbm_gib == 0:
         print("  no GPU on this host: its profile has no GPU memory, so plans for it run on the CPU")
     return 0
+
+
+def _with_gpu_footprint(profile):
+    """Run small plans through the runtime on this GPU (liac/host.py `footprint_probes`) and measure what the process
+    holds beside a plan's arena (runtime/footprint.py): the footprint fields of Eq. 14."""
+    from liac.runtime.footprint import measure_footprint  # late import: the runtime a command calls
+
+    probes = host.footprint_probes(profile)
+    measured = measure_footprint([(p.plan, p.batch, p.prompt_len) for p in probes])
+    return host.with_footprint(profile, probes, measured.library_bytes, measured.context_bytes,
+                               measured.activation_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -215,3 +216,19 @@ def test_traced_graph_prices_like_the_hand_built_one():
                 assert ua.gpu_seconds == pytest.approx(ub.gpu_seconds, rel=1e-3)
                 for tier in range(3):
                     assert ua.cpu_seconds[tier] == pytest.approx(ub.cpu_seconds[tier], rel=1e-3)
+
+
+def test_workspace_is_the_activation_live_set_plus_the_gpu_footprint_by_hand():
+    """Eq. 14 on the hand-built OPT layer (D = 64, F = 256 = 4D, 4 heads): the runtime holds the residual x while fc1
+    runs, and fc1's ReLU holds its input and output (F each), so T·(D + 2F) bf16 bytes with T = B·Q tokens; prefill
+    attention holds less (q, K, V, the H·Q·C probabilities twice, x: with C = Q = 8 ≤ D / H = 16... small)."""
+    hw = dataclasses.replace(HW, gpu_context_mib=300.0, gpu_library_workspace_mib=40.0, gpu_activation_factor=1.5)
+    costs = costs_for(batch=2, prompt=8, hw=hw)
+    tokens = 2 * 8
+    live = tokens * (D + 2 * F) * 2
+    attention = tokens * D * 2 * (1 + 2 + 1) + 2 * H * 8 * 8 * 2 * 2  # q, K, V, x; probabilities in and out
+    assert attention < live
+    decoder = costs.layer_class("decoder")
+    assert decoder.host_workspace_bytes == live
+    assert decoder.workspace_bytes == int(300 * 2**20 + 40 * 2**20 + 1.5 * live)
+    assert costs.gpu_context_bytes == 300 * 2**20

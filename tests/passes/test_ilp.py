@@ -10,6 +10,7 @@ embedding and the head checked against the capacities (Eqs. 10-12). No Pareto pr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -212,7 +213,7 @@ def brute_force(costs: CostGraph, allowed=None, max_split=1) -> float | None:
     embed = local_options(costs, costs.layer_class("embed"), None, max_split if allowed is None else 0)
     head = local_options(costs, costs.layer_class("head"), None, max_split if allowed is None else 0)
     ws = {c.layer_class: c.workspace_bytes for c in costs.classes}
-    host = max(ws.values())
+    host = max(c.host_workspace_bytes for c in costs.classes)
     budgets = costs.budgets
     best = None
     for e in range(len(embed["seconds"])):
@@ -291,7 +292,8 @@ def synthetic(seed: int, layers: int, decoder_ops: tuple[str, ...], cxl: bool, s
                                                                    else 0 for op in ops),
                                   kv_cache_bytes=int(rng.integers(1, 4)) * GIB if "kv" in ops else 0,
                                   workspace_bytes=int(rng.integers(0, 3)) * GIB // 4,
-                                  prefill=phases["prefill"], decode=phases["decode"]))
+                                  prefill=phases["prefill"], decode=phases["decode"],
+                                  host_workspace_bytes=int(rng.integers(0, 3)) * GIB // 8))
     total = sum(sum(c.weight_bytes) * c.count + c.kv_cache_bytes * c.count for c in classes)
     budgets = TierBudgets(hbm_bytes=int(rng.uniform(0.1, 0.8) * total),
                           ddr_bytes=int(rng.uniform(0.3, 1.0) * total),
@@ -407,7 +409,8 @@ TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=256, num_layers=2,
 
 
 def tiny_costs(layers, profile, batch, hbm_fraction, cxl=False, prompt=16, gen=3, split=(500,)):
-    hw = resolve_profile(profile)
+    # without the CUDA context and library workspaces, which would dwarf the tiny model's HBM budget
+    hw = dataclasses.replace(resolve_profile(profile), gpu_context_mib=0.0, gpu_library_workspace_mib=0.0)
     graph = hand_graph(TINY, layers=layers)
     weights = sum(s.weight_bytes for s in graph.sublayers()) * 1.0
     # budgets in proportion to the model, so that HBM binds
@@ -513,10 +516,11 @@ def test_binding_tier_and_shortfall_are_named():
     graph = hand_graph(TINY, layers=2)
     probe = annotate_costs(graph, hw, Workload(1, 16, 3), TierBudgets(0, 0, 0))
     workspace = max(c.workspace_bytes for c in probe.classes)
+    host = max(c.host_workspace_bytes for c in probe.classes)
     need_hbm = (sum(sum(c.weight_bytes) * c.count + c.kv_cache_bytes * c.count for c in probe.classes)
                 - probe.tied_weight_bytes + workspace)
-    short = workspace // 2  # less than the workspace, so the total still fits and HBM alone binds
-    costs = annotate_costs(graph, hw, Workload(1, 16, 3), TierBudgets(need_hbm - short, workspace, 0))
+    short = host // 2  # less than the host workspace, so the total still fits and HBM alone binds
+    costs = annotate_costs(graph, hw, Workload(1, 16, 3), TierBudgets(need_hbm - short, host, 0))
     with pytest.raises(InfeasibleError, match=r"^compile: constraint mem_hbm: .*--gpu-mem allows") as info:
         solve_placement(costs)
     assert info.value.tier == "hbm"

@@ -298,8 +298,24 @@ def test_a_pass_holds_only_live_values(monkeypatch):
         return record
 
     monkeypatch.setattr(Executor, "_compile", watched)
-    engine = Engine.from_plan(make_plan(TINY, "gpu"), RandomWeights(0), backend=EmulatedBackend())
+    engine = Engine.from_plan(make_plan(TINY, "gpu"), RandomWeights(0), backend=EmulatedBackend(), warm_up=False)
     engine.generate(torch.randint(0, TINY.vocab_size, (2, 5)), 1)
     layer = [("qkv", {"x", "q", "k", "v"}), ("attn", {"x", "o"}), ("out_proj", {"x"}), ("up", {"x", "h"}),
              ("down", {"x"})]
     assert seen == [("embed", {"x"})] + layer * TINY.num_layers + [("lm_head", {"next"})]
+
+
+def test_scores_in_blocks_of_query_rows_equal_one_call(monkeypatch):
+    """Attention run apart computes its probabilities over blocks of query rows (executor._score_in_blocks):
+    the same probabilities as one call, for prefill (Q = C) and for a query block at the end of a longer context."""
+    import liac.runtime.executor as executor
+    from liac.models.layers import Attention
+
+    attention = Attention(LLAMA)
+    for batch, query, context in ((2, 7, 7), (1, 5, 9)):
+        q = torch.randn(batch, 4, query, 8, dtype=torch.float64)
+        keys = torch.randn(batch, 2, context + 3, 8, dtype=torch.float64)  # a cache longer than the context
+        whole = attention.score(q, keys, context)
+        monkeypatch.setattr(executor, "SCORE_BLOCK_BYTES", batch * 4 * context * 4 * 2)  # two rows per block
+        blocked = executor._score_in_blocks(attention, q, keys, context)
+        torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)

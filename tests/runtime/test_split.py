@@ -144,7 +144,7 @@ def test_gpu_part_is_launched_first_then_the_cpu_part_runs_on_the_main_thread(mo
     monkeypatch.setitem(kernels.KERNELS, ("linear", "cpu"), recorder("cpu"))
     monkeypatch.setitem(kernels.KERNELS, ("linear", "gpu"), recorder("gpu"))
     plan = make_plan(LLAMA.with_layers(1), "split", permille=333)
-    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend(), cpu_kernel="auto")
+    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend(), cpu_kernel="auto", warm_up=False)
     engine.generate(IDS, 1)  # prefill only: qkv, out_proj, gate_up, down, lm_head, each in two parts
     assert [c[0] for c in calls] == ["gpu", "cpu"] * 2 + ["gpu", "cpu", "cpu"] + ["gpu", "cpu"] * 2  # gate_up's
     # CPU part reads two row blocks (two calls); every GPU part is launched before its CPU part computes
