@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One call on the H200 machine (the `run` tool of the device library; see docs/benchmarks.md for the calls made):
-# installs the carried wheels (.whl/: pulp, flexgen) and liac, records the machine, then runs bench/h200.py with
-# the plans compiled here (.device-plans/, carried) into $OUT/NAME. At most 8 files come back from a call: setup
-# (pip, machine, GPU tests) goes into one setup.txt.
+# installs the carried wheels (.whl/: pulp, flexgen) and liac, records the machine, optionally runs the GPU tests,
+# then runs bench/h200.py with the plans compiled here (.device-plans/, untracked, travels with the tree) into
+# $OUT/NAME, within what is left of the call's budget. At most 8 files come back from a call: setup (pip, machine,
+# GPU tests) goes into one setup.txt.
 #     bench/device-call.sh NAME [--gpu-tests] [bench/h200.py arguments...]
+# LIAC_CALL_SECONDS (default 530): the call's whole budget; h200.py gets what setup and the tests left of it.
 set -u
+began=$(date +%s)
+budget=${LIAC_CALL_SECONDS:-530}
 name=$1; shift
 out=${OUT:?}/$name
 mkdir -p "$out"
@@ -18,9 +22,12 @@ python3 -c "import liac.passes, liac.runtime, pulp; print('liac from', liac.__fi
 { nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv; free -g; nproc; lscpu | grep -i "model name\|amx" | cut -c1-200; } >> "$out/setup.txt" 2>&1
 if [ "${1:-}" = "--gpu-tests" ]; then
     shift
-    timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests > /tmp/pytest-gpu.txt 2>&1
-    tail -n 3 /tmp/pytest-gpu.txt | tee -a "$out/setup.txt"
+    # the runtime's GPU tests: parity, splits, the budget sweep under tight budgets, the warm-up (at most 200 s)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/runtime > /tmp/pytest-gpu.txt 2>&1
+    grep -E "passed|failed|error" /tmp/pytest-gpu.txt | tail -n 3 | tee -a "$out/setup.txt"
+    grep -E "^(FAILED|ERROR)" /tmp/pytest-gpu.txt | head -n 20 >> "$out/setup.txt"
 fi
 cp .device-plans/summary.json "$out/"
-python3 bench/h200.py --out "$out" --plans-dir .device-plans "$@" > "$out/log.txt" 2>&1
+left=$(( budget - ($(date +%s) - began) ))
+python3 bench/h200.py --out "$out" --plans-dir .device-plans --deadline-s "$left" "$@" > "$out/log.txt" 2>&1
 grep -v "random weights\|^lia-run: " "$out/log.txt" | tail -n 60

@@ -68,9 +68,13 @@ def run_rows(data: dict) -> list[dict]:
         row = {"contender": run["contender"], "prompt_len": request["prompt_len"], "batch": request["batch_size"],
                "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"]}
         if "summary" in run:
+            gpu = run["gpu"]
+            footprint = gpu.get("peak_footprint_bytes")  # allocator peak + CUDA context (runs since issue 12)
             row.update(prefill_ms=run["summary"]["prefill_ms"], decode_ms=run["summary"]["decode_ms_per_token"],
                        tokens_per_second=run["summary"]["tokens_per_second"],
-                       peak_gib=(run["gpu"]["peak_reserved_bytes"] or 0) / GIB,
+                       peak_gib=(footprint or gpu["peak_reserved_bytes"] or 0) / GIB,
+                       budget_gib=gpu["budget_bytes"] / GIB if gpu.get("budget_bytes") else None,
+                       load_s=run.get("build_seconds"), warmup_s=run.get("warmup_seconds"),
                        predicted_prefill_ms=run["predicted"]["prefill_ms"],
                        predicted_decode_ms=run["predicted"]["decode_ms_per_token"])
         else:
@@ -131,16 +135,17 @@ def calibration(data: dict, profile: Path, plans_dirs: list[Path], write_profile
             if write_profile is not None:
                 write_atomic(write_profile, profile_yaml(result, base, write_profile.stem))
         if files["p128"] and files["other"]:
-            fit = calibrate(base, load_measurements(files["p128"], plan_paths=plans_dirs, profile_steps=1))
-            held = load_measurements(files["other"], plan_paths=plans_dirs, profile_steps=1)
-            before = calibrate(base, held, max_evals=1)  # only to read the uncalibrated error on the held-out runs
-            from liac.calibrate import error_summary, predict_rows
+            from liac.calibrate import judge
 
-            rows = [row for run in held for row in run.rows]
-            out["held_out"] = {"fit_on": "prompt 128 runs", "judged_on": "prompt 1024 runs",
-                               "before": before.before,
-                               "after": error_summary(rows, predict_rows(held, fit.profile)),
-                               "factors": report_data(fit, base).get("factors")}
+            sides = {"prompt 128 runs": load_measurements(files["p128"], plan_paths=plans_dirs, profile_steps=1),
+                     "prompt 1024 runs": load_measurements(files["other"], plan_paths=plans_dirs, profile_steps=1)}
+            out["held_out"] = []
+            for fit_on, judged_on in (("prompt 128 runs", "prompt 1024 runs"), ("prompt 1024 runs", "prompt 128 runs")):
+                fit = calibrate(base, sides[fit_on])
+                held = judge(base, fit, sides[judged_on])  # liac calibrate --hold-out-prompt
+                out["held_out"].append({"fit_on": fit_on, "judged_on": judged_on, "before": held["error_before"],
+                                        "after": held["error_after"],
+                                        "factors": report_data(fit, base).get("factors")})
         return out
 
 
@@ -169,7 +174,10 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
                      "decode_ms_range": [min(r["decode_ms"] for r in mine), max(r["decode_ms"] for r in mine)],
                      "tokens_per_second": _median([r["tokens_per_second"] for r in mine]),
                      "prefill_ms": _median([r["prefill_ms"] for r in mine]),
-                     "predicted_decode_ms": mine[0]["predicted_decode_ms"], "others": {}, "peers": {}}
+                     "predicted_decode_ms": mine[0]["predicted_decode_ms"],
+                     "predicted_prefill_ms": mine[0].get("predicted_prefill_ms"),
+                     "peak_gib": max((r.get("peak_gib") or 0) for r in at) or None,
+                     "budget_gib": mine[0].get("budget_gib"), "others": {}, "peers": {}}
             for r in at:
                 if r["contender"] not in ("optimal", "shipped-profile"):
                     point["others"][r["contender"]] = {k: r[k] for k in ("decode_ms", "tokens_per_second",
@@ -187,9 +195,12 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
 
 
 def targets_markdown(points: list[dict]) -> str:
-    """The issue's targets, point by point, each within one call."""
+    """The issue's targets, point by point, each within one call: decode against the plan's prediction and the
+    floor, whether the compiled plan was the fastest contender, the peers, the first request's prefill against its
+    prediction, and the largest GPU footprint of any contender at the point against the budget."""
     lines = ["| call | prompt | batch | liac decode ms (range) | predicted | vs floor | fastest? (decode / tokens/s) "
-             "| vs FlexGen (tokens/s) | vs Accelerate (decode) |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| vs FlexGen (tokens/s) | vs Accelerate (decode) | first prefill ms (predicted) | GPU peak / budget GiB |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for p in points:
         others = p["others"]
         fastest_decode = all(p["decode_ms"] <= o["decode_ms"] for o in others.values())
@@ -204,8 +215,42 @@ def targets_markdown(points: list[dict]) -> str:
         vs_acc = f"{acc['decode_ms'] / p['decode_ms']:.1f}x" if acc else "–"
         low, high = p["decode_ms_range"]
         spread = f"{_fmt(p['decode_ms'])} ({_fmt(low)}–{_fmt(high)})" if p["repeats"] > 1 else _fmt(p["decode_ms"])
+        prefill = f"{_fmt(p['prefill_ms'])} ({_fmt(p.get('predicted_prefill_ms'))})"
+        peak = (f"{p['peak_gib']:.2f} / {p['budget_gib']:.2f}" if p.get("peak_gib") and p.get("budget_gib")
+                else "–")
         lines.append(f"| {p['call']} | {p['prompt_len']} | {p['batch']} | {spread} | {_fmt(p['predicted_decode_ms'])} "
-                     f"| {floor} | {fastest} | {vs_fg} | {vs_acc} |")
+                     f"| {floor} | {fastest} | {vs_fg} | {vs_acc} | {prefill} | {peak} |")
+    return "\n".join(lines) + "\n"
+
+
+def targets_summary(points: list[dict], rows: list[dict]) -> str:
+    """Issue 12's targets over every point: the compiled plan the fastest (decode ms/token) in ≥ 90 % of points and
+    never > 5 % slower than the best; decode within 1.15x the floor at batch 1 and 1.25x everywhere; the first
+    prefill within 15 % of its prediction; every run's GPU peak within its budget."""
+    if not points:
+        return ""
+    ratio = [p["decode_ms"] / min([p["decode_ms"], *(o["decode_ms"] for o in p["others"].values())])
+             for p in points]
+    floors = [(p["batch"], p["decode_ms"] / p["floor_decode_ms"]) for p in points if p.get("floor_decode_ms")]
+    prefill = [p["prefill_ms"] / p["predicted_prefill_ms"] for p in points if p.get("predicted_prefill_ms")]
+    budgets = [(r["peak_gib"], r["budget_gib"]) for r in rows if r.get("budget_gib") and r.get("peak_gib")]
+    over = [(peak, budget) for peak, budget in budgets if peak > budget]
+    lines = ["| target | result |", "|---|---|",
+             f"| compiled plan the fastest in ≥ 90 % of points | {sum(r <= 1.0 for r in ratio)} of {len(ratio)} "
+             f"points |",
+             f"| never more than 5 % slower than the best | worst {max(ratio):.2f}x |"]
+    if floors:
+        one = [r for b, r in floors if b == 1]
+        lines.append(f"| decode within 1.15x the floor at batch 1 | "
+                     + (", ".join(f"{r:.2f}x" for r in one) if one else "–") + " |")
+        lines.append(f"| decode within 1.25x the floor at every batch | worst {max(r for _, r in floors):.2f}x |")
+    if prefill:
+        lines.append(f"| first prefill within 15 % of its prediction | {sum(abs(r - 1) <= 0.15 for r in prefill)} "
+                     f"of {len(prefill)} points (measured / predicted {min(prefill):.2f}-{max(prefill):.2f}) |")
+    if budgets:
+        lines.append(f"| GPU peak (allocator + context) within the budget, every run | {len(budgets) - len(over)} "
+                     f"of {len(budgets)} runs" + (f" (worst {max(p / b for p, b in over):.3f}x)" if over else "")
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +261,9 @@ def markdown_tables(rows: list[dict], peers: list[dict], floors: dict) -> str:
     for prompt in sorted({r["prompt_len"] for r in rows}):
         batches = sorted({r["batch"] for r in rows if r["prompt_len"] == prompt})
         for metric, title in (("decode_ms", "decode ms/token"), ("tokens_per_second", "tokens/s"),
-                              ("prefill_ms", "prefill ms"), ("peak_gib", "peak GPU GiB (reserved)")):
+                              ("prefill_ms", "prefill ms"),
+                              ("peak_gib", "peak GPU GiB (allocator peak + CUDA context; before issue 12: "
+                                           "allocator reserved)")):
             lines.append(f"\n**Prompt {prompt}: {title}**\n")
             lines.append("| contender | " + " | ".join(f"b={b}" for b in batches) + " |")
             lines.append("|---|" + "---:|" * len(batches))
@@ -320,8 +367,8 @@ def calibration_markdown(calib: dict) -> str:
     if "in_sample" in calib:
         add("every run (in-sample)", "every run:", calib["in_sample"]["error_before"],
             calib["in_sample"]["error_after"])
-    if "held_out" in calib:
-        held = calib["held_out"]
+    held_out = calib.get("held_out", [])
+    for held in ([held_out] if isinstance(held_out, dict) else held_out):  # one dict in results before issue 12
         add(f"{held['fit_on']}", f"{held['judged_on']}:", held["before"], held["after"])
     return "\n".join(lines) + "\n"
 
@@ -358,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print("figures:", ", ".join(figures(rows, peers, data["floors"], args.figures)))
     if args.tables:
         args.tables.write_text("**Targets, point by point (each row from one call)**\n\n" + targets_markdown(points)
+                               + "\n**Targets over every point**\n\n" + targets_summary(points, rows)
                                + markdown_tables(rows, peers, data["floors"]) + calibration_markdown(calib))
         print(f"wrote {args.tables}")
     return 0

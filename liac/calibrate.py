@@ -19,8 +19,8 @@ measurement, both compared with the cost model re-pricing that plan (`liac.passe
     it, else min(--profile-steps, gen_len − 1), lia-run's default being 4).
 
 Factors (FACTORS below) multiply groups of profile fields: CPU DDR read, the whole AMX curve, CPU KV read, GPU
-FLOP/s, HBM, PCIe H2D and D2H, the shared DDR rate, and the GPU / CPU launch, PCIe latency and split
-synchronisation overheads. A factor
+FLOP/s, HBM, PCIe H2D and D2H, the shared DDR rate, the CPU prefill-attention curve, and the GPU / CPU launch, PCIe
+latency and split synchronisation overheads. A factor
 that changes no prediction by more than 1e-9 (relative) when doubled or halved is left at 1 and reported as
 unconstrained. The fit minimises the mean pseudo-Huber loss of log(predicted / measured) (quadratic within ~10%,
 linear beyond, so a stray measurement cannot dominate), phase rows and sublayer rows weighing equally, by a
@@ -28,6 +28,9 @@ deterministic Levenberg-Marquardt over log2 scale factors in [1/16, 16] (forward
 loss as reweighted least squares), stopping when a step no longer helps or at `max_evals`. A factor the fit moved
 but the loss does not need goes back to 1; factors no prediction depends on at the fit (±5%) are reported as
 not determined by the measurements. numpy only; the same inputs give the same profile.
+
+Held out: `judge` prices runs the fit did not see (e.g. `split_by_prompt`: fit on one prompt length, judge on the
+other) under the base and the calibrated profile, which says whether the fit generalises or only memorises.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from liac.schema_tools import stable_float, to_data
 from liac.sweep import plan_files
 
 __all__ = ["FACTORS", "METRICS_VERSIONS", "Run", "Row", "CalibrationResult", "load_measurements", "predict_rows",
-           "calibrate", "scaled_profile", "error_summary", "profile_yaml", "report_data", "report_lines"]
+           "calibrate", "scaled_profile", "error_summary", "profile_yaml", "report_data", "report_lines", "judge",
+           "split_by_prompt"]
 
 METRICS_VERSIONS = (1,)
 LIA_RUN_PROFILE_STEPS = 4  # lia-run's default --profile-steps
@@ -71,8 +75,10 @@ FACTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "gpu_launch": (("gpu_launch_seconds",), "GPU kernel launch overhead"),
     "cpu_launch": (("cpu_launch_seconds",), "CPU kernel overhead"),
     "pcie_latency": (("pcie_latency_seconds",), "fixed cost of one PCIe copy"),
-    "split_sync": (("split_sync_seconds",), "synchronising a split sublayer's parts (hand-off, join, merge)"),
+    "split_sync": (("split_sync_seconds",), "synchronising a split sublayer's parts (the join and merge)"),
+    "cpu_attention": (("cpu_attention_bf16_tflops",), "CPU attention in prefill (every point of its curve)"),
 }
+_CURVES = ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops")  # scaled point by point
 _TIME_FIELDS = ("gpu_launch_seconds", "cpu_launch_seconds", "pcie_latency_seconds",
                 "split_sync_seconds")  # a larger factor = slower
 
@@ -226,8 +232,8 @@ def scaled_profile(base: HardwareProfile, factors: dict[str, float]) -> Hardware
     changes = {}
     for name, scale in factors.items():
         for field in FACTORS[name][0]:
-            if field == "cpu_amx_bf16_tflops":
-                changes[field] = tuple(CurvePoint(m=p.m, tflops=p.tflops * scale) for p in base.cpu_amx_bf16_tflops)
+            if field in _CURVES:
+                changes[field] = tuple(CurvePoint(m=p.m, tflops=p.tflops * scale) for p in getattr(base, field))
             else:
                 changes[field] = getattr(base, field) * scale
     return dataclasses.replace(base, **changes)
@@ -436,6 +442,20 @@ def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600) -> C
                              evaluations=evaluations)
 
 
+def judge(base: HardwareProfile, result: CalibrationResult, runs: list[Run]) -> dict:
+    """A fit judged on runs it did not see (held out, e.g. another prompt length): their relative errors under the
+    base profile and under the calibrated one (`error_summary` of each)."""
+    rows = [row for run in runs for row in run.rows]
+    graphs: dict = {}
+    return {"measurements": len(rows), "error_before": error_summary(rows, predict_rows(runs, base, graphs)),
+            "error_after": error_summary(rows, predict_rows(runs, result.profile, graphs))}
+
+
+def split_by_prompt(runs: list[Run], prompt_len: int) -> tuple[list[Run], list[Run]]:
+    """(runs of other prompt lengths, runs at `prompt_len`): what to fit on, what to hold out."""
+    return [r for r in runs if r.prompt_len != prompt_len], [r for r in runs if r.prompt_len == prompt_len]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Output
 
@@ -474,12 +494,12 @@ def report_data(result: CalibrationResult, base: HardwareProfile) -> dict:
     factors = {}
     for name, (fields, meaning) in FACTORS.items():
         scale = result.factors[name]
-        old = [getattr(base, f) if f != "cpu_amx_bf16_tflops" else None for f in fields]
+        old = [getattr(base, f) if f not in _CURVES else None for f in fields]
         factors[name] = {"scale": stable_float(scale), "fields": list(fields), "meaning": meaning,
                          "constrained": name in result.constrained, "determined": name in result.determined,
                          "before": [stable_float(v) for v in old if v is not None] or None,
                          "after": [stable_float(getattr(result.profile, f)) for f in fields
-                                   if f != "cpu_amx_bf16_tflops"] or None}
+                                   if f not in _CURVES] or None}
     rows = [{"source": r.source, "kind": r.kind, "phase": r.phase, "group": r.group, "sublayers": list(r.sublayers),
              "device": r.device, "measured_ms": stable_float(r.measured_seconds * 1e3),
              "predicted_before_ms": stable_float(b * 1e3), "predicted_after_ms": stable_float(a * 1e3)}
@@ -488,8 +508,9 @@ def report_data(result: CalibrationResult, base: HardwareProfile) -> dict:
             "factors": factors, "error_before": result.before, "error_after": result.after, "rows": rows}
 
 
-def report_lines(result: CalibrationResult, base: HardwareProfile) -> list[str]:
-    """A short text report: factors, then median / mean relative error before → after."""
+def report_lines(result: CalibrationResult, base: HardwareProfile, held_out: dict | None = None) -> list[str]:
+    """A short text report: factors, then median / mean relative error before → after (of the held-out runs too,
+    when `held_out` is `judge`'s)."""
     def pct(summary: dict, key: str) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{100 * value:.1f}%"
@@ -504,13 +525,20 @@ def report_lines(result: CalibrationResult, base: HardwareProfile) -> list[str]:
             lines.append(f"  {name:<13} ×{scale:<8.4g} (not determined: no prediction depends on it at the fit)")
         else:
             lines.append(f"  {name:<13} unconstrained (no prediction depends on it): unchanged")
-    lines.append(f"  {'relative error':<24} {'n':>4}  {'median before → after':>22}  {'mean before → after':>20}")
-    groups = [("all", result.before["all"], result.after["all"])]
-    groups += [(f"phase {k}", v, result.after["by_phase"][k]) for k, v in result.before["by_phase"].items()]
-    groups += [(f"total {k}", v, result.after["totals"][k]) for k, v in result.before["totals"].items()]
-    groups += [(k, v, result.after["by_sublayer"][k]) for k, v in result.before["by_sublayer"].items()]
-    for label, b, a in groups:
-        lines.append(f"  {label:<24} {b['count']:>4}  {pct(b, 'median'):>10} → {pct(a, 'median'):<9}"
-                     f"  {pct(b, 'mean'):>8} → {pct(a, 'mean'):<9}")
+    def table(title: str, before: dict, after: dict, sublayers: bool = True) -> None:
+        lines.append(f"  {title:<24} {'n':>4}  {'median before → after':>22}  {'mean before → after':>20}")
+        groups = [("all", before["all"], after["all"])]
+        groups += [(f"phase {k}", v, after["by_phase"][k]) for k, v in before["by_phase"].items()]
+        groups += [(f"total {k}", v, after["totals"][k]) for k, v in before["totals"].items()]
+        if sublayers:
+            groups += [(k, v, after["by_sublayer"][k]) for k, v in before["by_sublayer"].items()]
+        for label, b, a in groups:
+            lines.append(f"  {label:<24} {b['count']:>4}  {pct(b, 'median'):>10} → {pct(a, 'median'):<9}"
+                         f"  {pct(b, 'mean'):>8} → {pct(a, 'mean'):<9}")
+
+    table("relative error", result.before, result.after)
+    if held_out is not None:
+        lines.append(f"held out: {held_out['measurements']} measurements the fit did not see")
+        table("held-out relative error", held_out["error_before"], held_out["error_after"], sublayers=False)
     return lines
 

@@ -240,20 +240,16 @@ class FootprintProbe:
 def footprint_probes(base: HardwareProfile) -> list[FootprintProbe]:
     """Plans of small models (FOOTPRINT_MODELS × FOOTPRINT_POINTS × FOOTPRINT_POLICIES) for a GPU, with their
     modelled activation peaks. Their weights sit in HBM where the policy lets them (a budget of 8 GiB)."""
-    from liac.api import compile_plans  # late import: the compiler (numpy, pulp) only when measuring a GPU
-    from liac.passes.costs import _class_edges, _points, activation_peak_bytes
-    from liac.passes.costs import Workload as CostWorkload
+    # late import: the compiler (numpy, pulp, torch for tracing) only when measuring a GPU
+    from liac.api import compile_plans
+    from liac.passes.costs import Workload, class_activation_peak
     from liac.passes.trace import trace_model
 
     probes = []
     for cfg in FOOTPRINT_MODELS:
         graph = trace_model(cfg)
-        units, subs = graph.units("decoder"), graph.sublayers("decoder")
-        edges = _class_edges(graph, "decoder", units)
         for batch, prompt in FOOTPRINT_POINTS:
-            work = CostWorkload(batch, prompt, 2)
-            modelled = max(activation_peak_bytes(subs, units, edges, phase, _points("decoder", phase, work))
-                           for phase in ("prefill", "decode"))
+            modelled = class_activation_peak(graph, "decoder", Workload(batch, prompt, 2))
             for policy in FOOTPRINT_POLICIES:
                 result = compile_plans(cfg, base, batches=(batch,), prompt_len=prompt, gen_len=2, gpu_mem=8 * GIB,
                                        policy=policy, graph=graph)

@@ -38,7 +38,7 @@ from liac.sizes import GB
 __all__ = [
     "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts", "PhaseCosts", "ClassCosts",
     "CostGraph", "annotate_costs", "node_seconds", "cpu_node_prices", "cpu_throughput_rows", "experts_touched",
-    "transfer_seconds", "splittable", "activation_peak_bytes", "gpu_workspace_bytes",
+    "transfer_seconds", "splittable", "activation_peak_bytes", "class_activation_peak", "gpu_workspace_bytes",
 ]
 
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
@@ -573,6 +573,15 @@ def activation_peak_bytes(subs: list[Sublayer], units: list[str], edges, phase: 
             nodes = max((_node_live_bytes(s, point, fresh_kv) for s in subs if s.unit == unit), default=0.0)
             peak = max(peak, held + nodes)
     return peak
+
+
+def class_activation_peak(graph: SublayerGraph, layer_class: str, workload: Workload) -> float:
+    """Eq. 14's activation peak A of one class at a workload, over both phases (what `annotate_costs` records as
+    the class's `host_workspace_bytes`), straight from the traced graph."""
+    units, subs = graph.units(layer_class), graph.sublayers(layer_class)
+    edges = _class_edges(graph, layer_class, units)
+    return max(activation_peak_bytes(subs, units, edges, phase, _points(layer_class, phase, workload))
+               for phase in PHASES)
 
 
 def gpu_workspace_bytes(activation_bytes: float, hw: HardwareProfile) -> int:

@@ -77,7 +77,7 @@ def test_calibration_recovers_the_true_rates(synthetic, tmp_path, capsys):
                  "--report", str(report)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "calibrated 'h200-amx16' from 138 measurements" in printed
+    assert "calibrated 'h200-amx16' from 114 measurements" in printed
     profile = load_profile(out)  # what was written loads as a profile
     assert profile.name == "cal"
     for name, scale in TRUE.items():
@@ -87,7 +87,7 @@ def test_calibration_recovers_the_true_rates(synthetic, tmp_path, capsys):
                     assert got.tflops == pytest.approx(base.tflops * scale, rel=5e-3)
             else:
                 assert getattr(profile, field) == pytest.approx(getattr(BASE, field) * scale, rel=5e-3), field
-    assert profile.sources["cpu_ddr_read_gb_per_s"].startswith("calibrated by liac calibrate from 138 measurements")
+    assert profile.sources["cpu_ddr_read_gb_per_s"].startswith("calibrated by liac calibrate from 114 measurements")
     assert "cpu_ddr_read_gb_per_s" in BASE.estimates and "cpu_ddr_read_gb_per_s" not in profile.estimates
     assert profile.pcie_bidir_gb_per_s == BASE.pcie_bidir_gb_per_s  # no factor touches it
     data = json.loads(report.read_text())
@@ -100,7 +100,7 @@ def test_calibration_recovers_the_true_rates(synthetic, tmp_path, capsys):
     # no plan here splits a sublayer: the split factor moves no prediction, so it is unconstrained and stays 1
     assert not data["factors"]["split_sync"]["constrained"] and data["factors"]["split_sync"]["scale"] == 1.0
     assert profile.split_sync_seconds == BASE.split_sync_seconds
-    assert len(data["rows"]) == 138
+    assert len(data["rows"]) == 114
 
 
 def test_same_inputs_same_profile(synthetic, tmp_path):
@@ -176,3 +176,28 @@ def test_a_directory_of_plans_offers_its_plan_files_only(tmp_path):
     for name in ("a.yaml", "b.yml", "index.yaml", "sweeps.yaml", ".a.yaml.123.tmp", ".hidden.yaml"):
         (tmp_path / name).write_text("{}")
     assert [p.name for p in _plan_files([tmp_path])] == ["a.yaml", "b.yml"]
+
+
+def test_held_out_runs_judge_the_fit(synthetic, tmp_path, capsys):
+    """Fit on the prompt-128 runs, judge on the prompt-256 runs (their measurements the true profile's too): the
+    held-out error falls, and the report says so, apart from the fit's own error."""
+    root, metrics = synthetic
+    report = tmp_path / "report.json"
+    code = main(["calibrate", *metrics, "--plans", str(root / "plans"), "--hw", "h200-amx16", "-o",
+                 str(tmp_path / "cal.yaml"), "--hold-out-prompt", "256", "--report", str(report)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "held out: " in printed and "held-out relative error" in printed
+    held = json.loads(report.read_text())["held_out"]
+    prompts = {case[3] for case in CASES}
+    assert prompts == {128, 256} and held["measurements"] > 0
+    assert held["error_after"]["all"]["median"] < held["error_before"]["all"]["median"] / 10
+    # the same through --judge with the files named
+    judged = [m for m, case in zip(metrics, CASES) if case[3] == 256]
+    fitted = [m for m, case in zip(metrics, CASES) if case[3] != 256]
+    assert main(["calibrate", *fitted, "--judge", *judged, "--plans", str(root / "plans"), "--hw", "h200-amx16",
+                 "-o", str(tmp_path / "cal2.yaml"), "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["held_out"] == held
+    assert main(["calibrate", *metrics, "--plans", str(root / "plans"), "--hw", "h200-amx16", "-o",
+                 str(tmp_path / "cal3.yaml"), "--hold-out-prompt", "64"]) == 2
+    assert "must leave runs on both sides" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """`liac calibrate`: fit a hardware profile to measured runs (lia-run metrics) and report the error before/after.
 
     liac calibrate runs/*.json --plans plans/ --hw h200-run.yaml -o h200-run.calibrated.yaml [--report r.json]
+        [--hold-out-prompt 1024 | --judge other/*.json]     # fit on some runs, judge the fit on the others
 
 See liac/calibrate.py for what is fitted and how, docs/calibration.md for the workflow.
 """
@@ -34,12 +35,19 @@ def register(sub) -> None:
                              "--profile-steps; default 4)")
     parser.add_argument("--max-evals", default="600", metavar="N",
                         help="cost-model evaluations the fit may spend (default 600)")
+    held = parser.add_mutually_exclusive_group()
+    held.add_argument("--judge", nargs="+", default=[], metavar="METRICS",
+                      help="held-out metrics files: not fitted, judged with the calibrated profile (their error "
+                           "before and after)")
+    held.add_argument("--hold-out-prompt", metavar="N",
+                      help="hold out the runs of prompt length N: fit on the others, judge on these")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     # late import: calibration re-prices plans (numpy, the cost model); `liac --help` loads none of it
-    from liac.calibrate import calibrate, load_measurements, profile_yaml, report_data, report_lines
+    from liac.calibrate import (calibrate, judge, load_measurements, profile_yaml, report_data, report_lines,
+                                split_by_prompt)
 
     profile_steps = positive_int(args.profile_steps, "--profile-steps")
     max_evals = positive_int(args.max_evals, "--max-evals")
@@ -50,16 +58,26 @@ def run(args) -> int:
         raise LiacError("--report", f"must end in '.json', got '{args.report}'")
     base = resolve_profile(args.hw)
     runs = load_measurements(args.metrics, args.plans, profile_steps=profile_steps)
+    held = load_measurements(args.judge, args.plans, profile_steps=profile_steps) if args.judge else []
+    if args.hold_out_prompt is not None:
+        prompt = positive_int(args.hold_out_prompt, "--hold-out-prompt")
+        runs, held = split_by_prompt(runs, prompt)
+        if not runs or not held:
+            raise LiacError("--hold-out-prompt", f"must leave runs on both sides: {len(runs)} runs of other prompt "
+                                                 f"lengths, {len(held)} of prompt {prompt}")
     result = calibrate(base, runs, max_evals=max_evals)
+    held_out = judge(base, result, held) if held else None
     text = profile_yaml(result, base, args.name or out.stem)
     data = report_data(result, base)
+    if held_out is not None:
+        data["held_out"] = held_out
     write_atomic(out, text)
     if args.report:
         write_atomic(args.report, json.dumps(data, indent=2, sort_keys=True) + "\n")
     if args.format == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        for line in report_lines(result, base):
+        for line in report_lines(result, base, held_out):
             print(line)
         print(f"wrote {out}" + (f" and {args.report}" if args.report else ""))
     return 0

@@ -1,6 +1,6 @@
 """bench/report.py: comparisons stay within one device call; the targets table computes its ratios from them."""
 
-from report import call_points, targets_markdown
+from report import call_points, targets_markdown, targets_summary
 
 
 def _row(call, contender, batch, decode, rate, prompt=128):
@@ -20,5 +20,20 @@ def test_points_compare_within_one_call_only():
     assert b["peers"] == {} and b["floor_decode_ms"] == 320.0
     assert c["others"]["whole"]["decode_ms"] == 300.0 and c["peers"]["flexgen"]["decode_ms"] == 900.0
     table = targets_markdown([b, c]).splitlines()
-    assert "| b | 128 | 1 | 410 (400–420) | 360 | 1.28x | yes / yes | – | – |" in table
-    assert "| c | 128 | 1 | 450 | 405 | – | no (1.50x the best) / no | 2.00x | – |" in table
+    assert "| b | 128 | 1 | 410 (400–420) | 360 | 1.28x | yes / yes | – | – | 500 (–) | – |" in table
+    assert "| c | 128 | 1 | 450 | 405 | – | no (1.50x the best) / no | 2.00x | – | 500 (–) | – |" in table
+
+
+def test_targets_over_every_point():
+    rows = [dict(_row("b", "optimal", 1, 400.0, 2.0), predicted_prefill_ms=450.0, peak_gib=23.9, budget_gib=24.0),
+            dict(_row("b", "whole", 1, 420.0, 1.9), peak_gib=24.2, budget_gib=24.0),
+            dict(_row("b", "optimal", 8, 600.0, 13.0), predicted_prefill_ms=500.0, peak_gib=23.5, budget_gib=24.0),
+            dict(_row("b", "whole", 8, 570.0, 14.0), peak_gib=23.0, budget_gib=24.0)]
+    floors = {"b": {(128, 1): {"decode_seconds_per_token": 0.36, "tokens_per_second": 2.8},
+                    (128, 8): {"decode_seconds_per_token": 0.50, "tokens_per_second": 16.0}}}
+    points = call_points(rows, [], floors)
+    summary = targets_summary(points, rows)
+    assert "| 1 of 2 points |" in summary and "worst 1.05x |" in summary  # 600 / 570
+    assert "| 1.11x |" in summary and "worst 1.20x |" in summary            # 400 / 360, 600 / 500
+    assert "| 2 of 2 points (measured / predicted 1.00-1.11) |" in summary  # 500 / 500, 500 / 450
+    assert "| 3 of 4 runs (worst 1.008x) |" in summary

@@ -15,7 +15,7 @@ from runtime_plans import make_plan
 
 from liac.errors import LiacError
 from liac.models.config import ModelConfig
-from liac.passes.costs import Workload, _class_edges, _points, activation_peak_bytes
+from liac.passes.costs import Workload, class_activation_peak
 from liac.passes.trace import trace_model
 from liac.profile import resolve_profile
 from liac.runtime import Engine, RandomWeights
@@ -113,12 +113,7 @@ def test_the_activation_model_bounds_what_the_runtime_holds(cfg, batch, prompt):
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode(), LiveBytes() as live:
         engine.generate(ids, 3)
-    graph = trace_model(cfg)
-    units, subs = graph.units("decoder"), graph.sublayers("decoder")
-    edges = _class_edges(graph, "decoder", units)
-    work = Workload(batch, prompt, 4)
-    modelled = max(activation_peak_bytes(subs, units, edges, phase, _points("decoder", phase, work))
-                   for phase in ("prefill", "decode"))
+    modelled = class_activation_peak(trace_model(cfg), "decoder", Workload(batch, prompt, 4))
     logits = batch * cfg.vocab_size * (2 + 4)  # the LM head's last-position logits (and the greedy pick's fp32)
     assert 0.9 * modelled <= live.peak_bytes <= modelled + logits
 
