@@ -289,7 +289,7 @@ class Executor:
                 streamer.issue(op.stream_unit)
                 streamer.wait(op.stream_unit)
             elif op.kind == "release":
-                streamer.release_alone(op.stream_unit)
+                streamer.release(op.stream_unit)
             else:
                 step(frame)
         return frame
@@ -563,6 +563,7 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     posts = {device: ex._post(op, device) for device in split.merge_on}
     pre, transfer, kv, backend = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend
     merge_on, writer, crosses, last_only = split.merge_on, op.kv_writer, op.kv_write_crosses, op.kind == "lm_head"
+    releases, streamer = op.releases, ex.streamer
 
     def step(frame: Frame) -> None:
         vals = frame.vals
@@ -580,6 +581,8 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             end.record()
             launched = time.perf_counter() - began
             began = time.perf_counter()
+        if releases >= 0:  # the GPU part was the buffer's last reader: the next copy may be queued now
+            streamer.release(releases)
         y_cpu = kind.part(cpu_part, x_cpu)
         if timed is not None:
             timed.append(_PartTiming(time.perf_counter() - began, start, end, launched))

@@ -8,6 +8,7 @@ is copied into buffer i mod n on a dedicated copy stream:
                 copy the stream unit's weights and the past tokens of its KV windows, record `copied[i mod n]`
     wait(i)     compute stream: wait for `copied[i mod n]`     (a 'wait' op, before the layer's first buffer reader)
     release(i)  compute stream: record `released[i mod n]`; issue(i + n)       (a 'release' op, after its last reader)
+                (or the split op that reads it last, right after launching its GPU part: schedule.Op.releases)
 
 so while layer i computes, the copies of the next n - 1 stream units are in flight. `start` issues the first n of a
 forward pass unless `prime` already did at the end of the previous decode step (the copies then overlap the LM head
@@ -136,13 +137,6 @@ class Streamer:
         """Copy stream unit `index` of the current pass into its buffer now."""
         self._issue(index)
 
-    def release_alone(self, index: int) -> None:
-        """Hand buffer `index` back without issuing the stream unit that would refill it (see `begin_alone`)."""
-        slot = index % self.n
-        event = self.released[slot] or self.backend.event()
-        event.record()
-        self.released[slot] = event
-
     def wait(self, index: int) -> None:
         if self.log is not None and not self._alone:
             self.log.append(("wait", index))
@@ -156,7 +150,7 @@ class Streamer:
         event.record()
         self.released[slot] = event
         following = index + self.n
-        if following < len(self.stream_units):
+        if following < len(self.stream_units) and not self._alone:  # a warm-up pass copies nothing ahead
             self._issue(following)
 
     def _issue(self, index: int) -> None:

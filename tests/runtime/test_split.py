@@ -177,3 +177,37 @@ def test_cpu_parts_read_the_shared_weights_in_place():
     row = weight.stride(0) * weight.element_size()
     assert gate.data_ptr() == weight.data_ptr() and up.data_ptr() == weight.data_ptr() + 48 * row  # views, no copy
     assert gate.shape == up.shape == (15, 32) and part.ffn_dim == 15
+
+
+def test_a_split_that_reads_the_buffer_last_releases_it_before_its_cpu_part(monkeypatch):
+    """down is each layer's last reader of its staging buffer: no 'release' op follows it; it releases the buffer
+    right after launching its GPU part, so the next layer's copy is queued while its CPU part computes."""
+    log: list = []
+
+    def recorder(device):
+        def kernel(x, weight, bias):
+            log.append((device, weight.shape[0]))
+            return torch.nn.functional.linear(x, weight, bias)
+        return kernel
+
+    monkeypatch.setitem(kernels.KERNELS, ("linear", "cpu"), recorder("cpu"))
+    monkeypatch.setitem(kernels.KERNELS, ("linear", "gpu"), recorder("gpu"))
+    plan = make_plan(LLAMA, "split", permille=333)
+    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend(), stream_log=log, warm_up=False,
+                              cpu_kernel="auto")
+    schedule = engine.schedule.phases["decode"]
+    downs = [op for op in schedule.ops if op.kind == "down"]
+    assert all(op.releases == op.stream_unit >= 0 for op in downs)
+    assert not [op for op in schedule.ops if op.kind == "release" and op.layer_class == "decoder"]
+    log.clear()
+    engine.generate(IDS, 2)
+    d = LLAMA.hidden_size
+    n, units = plan.spec.execution.prefetch_depth + 1, len(engine.schedule.phases["prefill"].stream_units)
+    for index in range(LLAMA.num_layers):  # prefill: each layer's down: GPU part, its release, then the CPU part
+        at = log.index(("release", index))
+        assert log[at - 1] == ("gpu", d - d * 333 // 1000)
+        after = log[at + 1:at + 3]
+        if index + n < units:  # the copy into the released buffer is queued before the CPU part runs
+            assert after[0] == ("issue", index + n)
+            after = after[1:]
+        assert after[0] == ("cpu", d * 333 // 1000)
