@@ -225,6 +225,10 @@ FOOTPRINT_MODELS = (
 )
 FOOTPRINT_POINTS = ((4, 256), (32, 32))  # (batch, prompt): long and short prompts, ~1000 tokens each
 FOOTPRINT_POLICIES = ("lia-gpu", "lia-partial")  # every unit on the GPU; attention on the CPU
+# The CUDA context grows after the probes: kernels are loaded lazily, on first use, and a real model's shapes and
+# its random or checkpoint loading use kernels the probes did not. A plan fills its budget to the byte and the runtime
+# refuses at start to run beside a larger context than the plan's, so the measured context is taken with this margin.
+CONTEXT_MARGIN_MIB = 64
 
 
 @dataclass(frozen=True)
@@ -267,12 +271,13 @@ def with_footprint(profile: HardwareProfile, probes: list[FootprintProbe], libra
     how = f"liac profile on this host ({os.cpu_count()} CPUs)"
     sources = dict(profile.sources)
     sources["gpu_context_mib"] = (f"{how}: GPU memory in use outside torch's caching allocator after "
-                                  f"{len(probes)} small runs of the runtime (their kernels loaded)")
+                                  f"{len(probes)} small runs of the runtime (their kernels loaded), "
+                                  f"{context_bytes / MIB:.0f} MiB, + {CONTEXT_MARGIN_MIB} MiB for kernels loaded later")
     sources["gpu_library_workspace_mib"] = f"{how}: allocator bytes the first GEMMs leave held (cuBLAS, cuBLASLt)"
     sources["gpu_activation_factor"] = (f"{how}: the largest of {len(ratios)} runs' reserved activation peak over "
                                         f"Eq. 14's model (" + ", ".join(f"{r:.2f}" for r in ratios) + ")")
     estimates = tuple(sorted(set(profile.estimates) - {"gpu_context_mib", "gpu_library_workspace_mib",
                                                         "gpu_activation_factor"}))
-    return dataclasses.replace(profile, gpu_context_mib=stable_float(context_bytes / MIB, 4),
+    return dataclasses.replace(profile, gpu_context_mib=stable_float(context_bytes / MIB + CONTEXT_MARGIN_MIB, 4),
                                gpu_library_workspace_mib=stable_float(library_bytes / MIB, 4),
                                gpu_activation_factor=stable_float(factor, 4), sources=sources, estimates=estimates)

@@ -131,3 +131,19 @@ def test_a_profile_written_before_the_footprint_fields_still_loads(tmp_path):
     assert profile.cpu_attention_bf16_tflops == () and profile.cpu_attention_tflops_at(128) == profile.cpu_tflops_at(128)
     for name in OPTIONAL_FIELDS:
         assert name in profile.estimates and profile.sources[name].startswith("liac's default")
+
+
+def test_the_measured_footprint_goes_into_the_profile_with_a_context_margin():
+    """liac profile's footprint fields (runtime/footprint.py measures; liac.host.with_footprint records): the
+    context with a margin for kernels loaded after the probes, the workspaces as measured, the activation factor the
+    largest measured-over-modelled ratio (never below 1)."""
+    from liac.host import CONTEXT_MARGIN_MIB, FootprintProbe, with_footprint
+    from liac.sizes import MIB
+
+    base = resolve_profile("h200-measured")
+    probes = [FootprintProbe(None, 4, 256, 100 * MIB), FootprintProbe(None, 32, 32, 200 * MIB)]
+    profile = with_footprint(base, probes, 33 * MIB, 500 * MIB, (110 * MIB, 180 * MIB))
+    assert profile.gpu_context_mib == 500 + CONTEXT_MARGIN_MIB and CONTEXT_MARGIN_MIB > 0
+    assert (profile.gpu_library_workspace_mib, profile.gpu_activation_factor) == (33.0, 1.1)
+    assert not {"gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor"} & set(profile.estimates)
+    assert with_footprint(base, probes, 0, 0, (50 * MIB, 60 * MIB)).gpu_activation_factor == 1.0
