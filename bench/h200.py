@@ -10,7 +10,8 @@ and the floor — all in the same run, since the CPU side of that machine varies
 
 Stages (each writes its files under --out as soon as it has them, so a call cut short keeps what finished):
   profile  `liac profile` → profile.yaml (full sizes: ≥ 1 GiB rotated weights)
-  compile  `liac.api.compile_plans` with that profile, the GPU budget and every (prompt, batch) point, once per
+  compile  `liac.api.compile_plans` with that profile (--compile-for-call: run-profile.yaml, that profile with
+           the footprint and rates this call measured first), the GPU budget and every (prompt, batch) point, once per
            contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu;
            plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
            (issue 4's check) → plans/, plans.tar.gz
@@ -21,12 +22,14 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            contenders of a point, then the next: put the points that matter most first), each engine warmed up at
            its run's shapes and its first request timed; no run starts that would end past --deadline-s → runs.json
            (per run: prefill ms, decode ms/token, tokens/s, load and warm-up seconds, the GPU footprint against the
-           plan's budget, per-sublayer measured vs predicted times)
+           plan's budget, per-sublayer measured vs predicted times; with --timeline-batches, a torch.profiler
+           timeline of one decode step summarised by bench/timeline.py: main thread idle, copy and compute
+           streams busy and overlapping)
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
   floor    bench/floor.py for every point with the measured profile → floor.json
   footprint  the GPU footprint `liac profile` measures (runtime/footprint.py: CUDA context, library workspaces,
-           the activation peak of small runs against Eq. 14's model) → footprint.json, and its fields in
-           run-profile.yaml
+           the activation peak of small runs against Eq. 14's model) → summary.json's 'footprint', and its fields
+           in run-profile.yaml
 `summary.json` says which stages ran, when each started, the machine (boot id) and what was skipped and why.
 """
 
@@ -111,10 +114,24 @@ class Bench:
         subprocess.run(command, check=True, timeout=max(60.0, self.left() - 60))
         self.summary["profile"] = str(self.profile_path)
 
+    def compile_profile(self) -> Path:
+        """The profile the plans are compiled for: --profile (or the profile stage's), or with --compile-for-call
+        run-profile.yaml, that profile with what this call measured before compiling (the footprint and rates
+        stages): `liac profile` → `liac compile` on the host that runs the plans."""
+        run_profile = self.out / "run-profile.yaml"
+        if self.args.compile_for_call and run_profile.exists():
+            return run_profile
+        if self.args.compile_for_call:
+            self.log("--compile-for-call: no run-profile.yaml yet (run footprint and rates first): compiling for "
+                     f"{self.profile_path}")
+        return self.profile_path
+
     def compile(self) -> None:
         from liac.api import compile_plans, write_plans
 
         model, budget = self.args.model, int(self.args.gpu_budget_gib * GIB)
+        profile = self.compile_profile()
+        self.summary["compiled_for"] = str(profile)
         plans = []
         by_prompt: dict[int, list[int]] = {}
         for prompt, batch in self.args.points:
@@ -122,7 +139,7 @@ class Bench:
         for contender in [c for c in self.args.contenders if c in CONTENDERS]:
             for prompt, batches in by_prompt.items():
                 began = time.monotonic()
-                result = compile_plans(model, str(self.profile_path), batches=tuple(batches), prompt_len=prompt,
+                result = compile_plans(model, str(profile), batches=tuple(batches), prompt_len=prompt,
                                        gen_len=self.args.gen_len, gpu_mem=budget,
                                        policy=None if contender == "optimal" else contender)
                 folder = self.plans_dir / contender / f"p{prompt}"
@@ -210,7 +227,7 @@ class Bench:
         deadline = self.began + self.args.deadline_s - self.args.reserve_s
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
                   profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
-                  log=self.log, deadline=deadline)
+                  log=self.log, deadline=deadline, timeline_batches=self.args.timeline_batches)
         import gc
 
         import torch
@@ -306,7 +323,7 @@ class Bench:
                   "profile_fields": {f: getattr(profile, f) for f in ("gpu_context_mib", "gpu_library_workspace_mib",
                                                                       "gpu_activation_factor")}}
         self.log(f"footprint: {record['profile_fields']}")
-        write_atomic(self.out / "footprint.json", json.dumps(record, indent=1, sort_keys=True) + "\n")
+        self.summary["footprint"] = record  # in summary.json: a call returns at most 8 files
         self._update_run_profile(record["profile_fields"], "bench/h200.py footprint stage (runtime/footprint.py)")
 
 
@@ -345,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of the liac plan at batch 1 (the spread)")
     parser.add_argument("--profile-steps", type=int, default=1, help="decode steps of the per-sublayer profile")
     parser.add_argument("--max-run-seconds", type=float, default=40.0, help="skip runs predicted to take longer")
+    parser.add_argument("--timeline-batches", default="", help="e.g. '8,32': runs at these batches also record a "
+                        "timeline of one decode step (bench/timeline.py) into runs.json")
     parser.add_argument("--peers", default="flexgen,accelerate,accelerate-pinned")
     parser.add_argument("--flexgen-search-s", type=float, default=150.0)
     parser.add_argument("--peer-timeout-s", type=float, default=200.0, help="wall-clock cap of one peer run")
@@ -356,10 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),
                         help="where the compiled plans go (outside --out; plans.tar.gz in --out holds them)")
     parser.add_argument("--profile", help="reuse this measured profile (a second call on the same machine)")
+    parser.add_argument("--compile-for-call", action="store_true",
+                        help="compile for run-profile.yaml: --profile with this call's footprint and rates (put "
+                             "'footprint,rates' before 'compile' in --stages)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: opt-125m, GPU emulated, quick")
     args = parser.parse_args(argv)
     args.contenders = [c for c in args.contenders.split(",") if c]
     args.peers = [p for p in args.peers.split(",") if p]
+    args.timeline_batches = tuple(int(b) for b in args.timeline_batches.split(",") if b)
     if args.emulate:
         args.model, args.gpu_budget_gib = "opt-125m", 1.0  # the CUDA context (0.75 GiB) counts in the budget
     bench = Bench(args)

@@ -77,6 +77,8 @@ def run_rows(data: dict) -> list[dict]:
                        load_s=run.get("build_seconds"), warmup_s=run.get("warmup_seconds"),
                        predicted_prefill_ms=run["predicted"]["prefill_ms"],
                        predicted_decode_ms=run["predicted"]["decode_ms_per_token"])
+            if run.get("timeline"):
+                row["timeline"] = run["timeline"]
         else:
             row["missing"] = run.get("skipped") or run.get("error") or "no result"
         rows.append(row)
@@ -254,6 +256,24 @@ def targets_summary(points: list[dict], rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def timeline_markdown(rows: list[dict]) -> str:
+    """One decode step under torch.profiler (bench/timeline.py), per run that recorded one: where the step's time
+    went on the main thread and the GPU's compute and copy streams."""
+    timed = [r for r in rows if r.get("timeline") and "error" not in r["timeline"]]
+    if not timed:
+        return ""
+    lines = ["\n**One decode step under the profiler (bench/timeline.py), ms**\n",
+             "| call | prompt | batch | contender | step | main thread idle | compute stream busy | copy stream busy "
+             "| both at once | GPU idle |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    order = {c: i for i, c in enumerate(CONTENDER_ORDER)}
+    for r in sorted(timed, key=lambda r: (r["call"], r["prompt_len"], r["batch"], order.get(r["contender"], 99))):
+        t = r["timeline"]
+        lines.append(f"| {r['call']} | {r['prompt_len']} | {r['batch']} | {LABELS.get(r['contender'], r['contender'])} "
+                     f"| {_fmt(t['step_ms'])} | {_fmt(t['main_idle_ms'])} | {_fmt(t.get('compute_busy_ms'))} "
+                     f"| {_fmt(t.get('copy_busy_ms'))} | {_fmt(t.get('overlap_ms'))} | {_fmt(t.get('gpu_idle_ms'))} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_tables(rows: list[dict], peers: list[dict], floors: dict) -> str:
     """Per prompt length: one table per metric family, contenders as rows, batches as columns."""
     lines = []
@@ -406,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables:
         args.tables.write_text("**Targets, point by point (each row from one call)**\n\n" + targets_markdown(points)
                                + "\n**Targets over every point**\n\n" + targets_summary(points, rows)
-                               + markdown_tables(rows, peers, data["floors"]) + calibration_markdown(calib))
+                               + timeline_markdown(rows) + markdown_tables(rows, peers, data["floors"])
+                               + calibration_markdown(calib))
         print(f"wrote {args.tables}")
     return 0
 

@@ -3,7 +3,7 @@
     python bench/run_plans.py PLAN.yaml [PLAN.yaml ...] --seed 0 --out bench/results/runs.json
         [--batch B] [--prompt-len P] [--gen-len M]      # default: each plan's workload (never more)
         [--runs RUNS.json]                              # per-run requests: [{"plan": path, "batch": .., ...}]
-        [--max-seconds S] [--profile-steps K] [--metrics-dir DIR] [--emulate-gpu]
+        [--max-seconds S] [--profile-steps K] [--metrics-dir DIR] [--emulate-gpu] [--timeline-batches 8,32]
 
 For the H200 benchmark: generating 60 GB of random weights per plan would cost more than the runs, so the weights
 are generated once (on the GPU, copied into one page-locked host arena: `liac.runtime.HostWeights`), and each plan
@@ -69,18 +69,32 @@ class RunSpec:
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
-                     warm_share: float = 1.0) -> float:
-    """Wall time a run should take by the plan's prediction: warm-up, timed generate, profiling pass.
+                     warm_share: float = 1.0, timeline: bool = False) -> float:
+    """Wall time a run should take by the plan's prediction: warm-up, timed generate, timeline, profiling pass.
 
     Prefill scales with batch × prompt against the plan's workload; decode per token with batch (both upper
     bounds for smaller requests, whose per-token cost is never more than linear). The warm-up runs a prefill and a
-    decode step through `warm_share` of the layers (one per layer group)."""
+    decode step through `warm_share` of the layers (one per layer group). A timeline is a 3-token generate under
+    the profiler plus ~5 s to export and read its trace."""
     prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
     step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
     warmup = (prefill + step) * warm_share
     timed = prefill + step * (gen_len - 1)
     profile = (prefill + step * profile_steps) if profile_steps else 0.0
-    return warmup + timed + profile
+    return warmup + timed + profile + ((prefill + 2 * step + 5.0) if timeline else 0.0)
+
+
+def _timeline(engine, ids) -> dict:
+    """bench/timeline.py's summary of one decode step; a failure is recorded, never loses the run."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from timeline import record
+
+        return record(engine, ids)
+    except Exception as e:  # the profiler is a measurement aid: the run's numbers stand without it
+        return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def _ms(seconds: float) -> float:
@@ -95,11 +109,14 @@ def _warm_share(plan) -> float:
 
 def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | None = None,
               max_seconds: float | None = None, profile_steps: int = 2, emulate_gpu: bool | None = None,
-              metrics_dir: str | os.PathLike | None = None, log=print, deadline: float | None = None) -> dict:
+              metrics_dir: str | os.PathLike | None = None, log=print, deadline: float | None = None,
+              timeline_batches: tuple[int, ...] = ()) -> dict:
     """Run `runs` over one HostWeights (see the module docstring); return the results document.
 
     Args:
         deadline: a time.monotonic() after which no run starts whose estimate would end past it (skipped).
+        timeline_batches: runs at these batch sizes also record a timeline of one decode step (bench/timeline.py:
+            torch.profiler over a 3-token generate after the timed one) → the run's 'timeline'.
 
     Raises:
         LiacError: a plan that does not load, or plans for different models (before any weights are made).
@@ -148,7 +165,7 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                                 "tokens_per_second": round(plan.status.predicted.tokens_per_second, 3),
                                 "total_ms": _ms(plan.status.predicted.total_seconds)}}
         estimate = estimate_seconds(plan.status.predicted, work, batch, prompt_len, gen_len, profile_steps,
-                                    _warm_share(plan))
+                                    _warm_share(plan), batch in timeline_batches)
         record["estimated_seconds"] = round(estimate, 3)
         results["runs"].append(record)
         label = f"[{index + 1}/{len(runs)}] {Path(run.plan).name} ({plan.metadata.name})"
@@ -173,6 +190,10 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 record["build_seconds"] = round(engine.build_seconds, 3)
                 record["warmup_seconds"] = round(engine.warmup_seconds, 3)
                 generation = engine.generate(ids, gen_len)
+                if batch in timeline_batches:
+                    record["timeline"] = _timeline(engine, ids)
+                    log(f"{label}: timeline of a decode step: " + ", ".join(
+                        f"{k} {v}" for k, v in record["timeline"].items() if k.endswith("_ms") or k == "error"))
                 steps = min(profile_steps, gen_len - 1)
                 spent = time.perf_counter() - began
                 if steps and max_seconds is not None and spent > max_seconds:
@@ -256,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-steps", type=int, default=2, help="decode steps of the profiling pass (0: none)")
     parser.add_argument("--metrics-dir", help="also write each run's metrics (lia-run format) into this folder")
     parser.add_argument("--emulate-gpu", action="store_true", help="test mode: 'gpu' runs on the CPU")
+    parser.add_argument("--timeline-batches", default="", help="e.g. '8,32': runs at these batches also record a "
+                        "timeline of one decode step (bench/timeline.py)")
     return parser
 
 
@@ -270,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             runs += _read_runs(args.runs)
         run_plans(runs, seed=args.seed, out=args.out, max_seconds=args.max_seconds,
                   profile_steps=args.profile_steps, emulate_gpu=True if args.emulate_gpu else None,
-                  metrics_dir=args.metrics_dir)
+                  metrics_dir=args.metrics_dir,
+                  timeline_batches=tuple(int(b) for b in args.timeline_batches.split(",") if b))
     except LiacError as e:
         sys.stderr.write(f"run_plans: {e.line()}\n")
         return EXIT_USER_ERROR

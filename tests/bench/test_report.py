@@ -37,3 +37,18 @@ def test_targets_over_every_point():
     assert "| 1.11x |" in summary and "worst 1.20x |" in summary            # 400 / 360, 600 / 500
     assert "| 2 of 2 points (measured / predicted 1.00-1.11) |" in summary  # 500 / 500, 500 / 450
     assert "| 3 of 4 runs (worst 1.008x) |" in summary
+
+
+def test_timelines_are_tabulated_per_run():
+    from report import timeline_markdown
+
+    line = {"step_ms": 523.4, "main_idle_ms": 91.0, "compute_busy_ms": 300.0, "copy_busy_ms": 376.0,
+            "overlap_ms": 250.0, "gpu_idle_ms": 97.4}
+    rows = [dict(_row("b", "whole", 8, 450.0, 16.0), timeline=dict(line, step_ms=456.0)),
+            dict(_row("b", "optimal", 8, 530.0, 15.0), timeline=line),
+            dict(_row("b", "optimal", 32, 530.0, 15.0), timeline={"error": "RuntimeError: no trace"}),
+            _row("b", "optimal", 1, 400.0, 2.0)]
+    table = timeline_markdown(rows).strip().splitlines()
+    assert table[-2:] == ["| b | 128 | 8 | liac (split) | 523 | 91 | 300 | 376 | 250 | 97.4 |",
+                          "| b | 128 | 8 | liac (whole sublayers) | 456 | 91 | 300 | 376 | 250 | 97.4 |"]
+    assert timeline_markdown([_row("b", "optimal", 1, 400.0, 2.0)]) == ""

@@ -128,6 +128,9 @@ def test_estimate_is_warmup_plus_timed_run_plus_profile():
     assert estimate_seconds(predicted, work, 4, 32, 10, 3, 0.25) == pytest.approx(0.625 + 6.5 + 3.5)
     # half the batch and prompt: prefill scales with batch × prompt (0.5 s), a decode step with batch (0.25 s)
     assert estimate_seconds(predicted, work, 2, 16, 4, 0) == pytest.approx((0.5 + 0.25) + (0.5 + 3 * 0.25))
+    # a timeline: a 3-token generate (prefill + 2 steps) and ~5 s for the trace
+    assert estimate_seconds(predicted, work, 2, 16, 4, 0, timeline=True) == pytest.approx(
+        (0.5 + 0.25) + (0.5 + 3 * 0.25) + (0.5 + 2 * 0.25 + 5.0))
 
 
 def test_runs_that_would_end_past_the_deadline_are_skipped(tmp_path):
@@ -160,3 +163,21 @@ def test_transfers_in_the_metrics_are_the_timed_runs_own(tmp_path):
                         log=lambda line: None)
     first, second = (r["metrics"]["transfers"] for r in results["runs"])
     assert first == second and first["h2d_copies"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_runs_at_the_timeline_batches_record_a_decode_step(tmp_path, backend):
+    """bench/timeline.py over a real profiler trace: the step is found and summarised; on CUDA the streamed layers'
+    copies show on a copy stream beside the compute stream."""
+    path = _write(tmp_path, "mixed", resident_layers=1)
+    results = run_plans([RunSpec(path), RunSpec(path, batch=1)], seed=0, emulate_gpu=backend == "emulated",
+                        profile_steps=0, log=lambda line: None, timeline_batches=(2,))
+    timed, untimed = results["runs"]
+    assert "timeline" not in untimed and "error" not in timed["timeline"], timed["timeline"]
+    line = timed["timeline"]
+    assert 0 < line["main_busy_ms"] <= line["step_ms"] and line["cpu_ops"]
+    if backend == "emulated":
+        assert line["copy_busy_ms"] is None
+    else:
+        assert line["compute_busy_ms"] > 0 and line["copy_busy_ms"] > 0
+        assert {s["role"] for s in line["streams"].values()} >= {"compute", "copy"}

@@ -1,0 +1,24 @@
+"""bench/h200.py: with --compile-for-call the plans are compiled for the profile this call measured (the footprint
+and rates stages' run-profile.yaml), as a user's `liac profile` → `liac compile` on the host that runs them."""
+
+import argparse
+
+from h200 import Bench, parse_points
+
+
+def _bench(tmp_path, compile_for_call):
+    args = argparse.Namespace(out=str(tmp_path / "out"), profile=str(tmp_path / "given.yaml"),
+                              plans_dir=str(tmp_path / "plans"), deadline_s=60.0, compile_for_call=compile_for_call)
+    return Bench(args)
+
+
+def test_plans_are_compiled_for_the_calls_own_profile_once_it_exists(tmp_path):
+    bench = _bench(tmp_path, True)
+    assert bench.compile_profile() == tmp_path / "given.yaml"  # nothing measured yet: the given profile
+    (tmp_path / "out" / "run-profile.yaml").write_text("name: h200-run\n")
+    assert bench.compile_profile() == tmp_path / "out" / "run-profile.yaml"
+    assert _bench(tmp_path, False).compile_profile() == tmp_path / "given.yaml"
+
+
+def test_points_keep_their_order():
+    assert parse_points("128:1,8,32;1024:1;128:64") == [(128, 1), (128, 8), (128, 32), (1024, 1), (128, 64)]
