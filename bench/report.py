@@ -4,6 +4,8 @@ one raw JSON file under bench/results/, docs/benchmarks.md with tables, and plot
     python bench/report.py bench/results/h200-2026-11-29/call1 bench/results/h200-2026-11-29/call2 \
         --json bench/results/h200-2026-11-29.json --md docs/benchmarks.md --figures docs/benchmarks
 
+(--md puts the tables between the page's '<!-- bench/report.py: begin -->' and '<!-- bench/report.py: end -->'.)
+
 Calibration is re-done here (it needs no GPU): `liac calibrate` fits the measured profile to the runs' metrics,
 once on every run (in-sample) and once on the prompt-128 runs only, judged on the prompt-1024 runs (held out).
 """
@@ -393,6 +395,31 @@ def calibration_markdown(calib: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- bench/report.py: begin -->", "<!-- bench/report.py: end -->"
+
+
+def page_parts(page: Path) -> tuple[str, str]:
+    """The page before its BEGIN marker line and from its END marker line on; SystemExit(2) with one line on stderr
+    when the page cannot be read or lacks one of them (checked before anything is written)."""
+    try:
+        text = page.read_text()
+    except OSError as e:
+        sys.stderr.write(f"report.py: --md {page}: cannot read: {e.strerror}\n")
+        raise SystemExit(2) from e
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        sys.stderr.write(f"report.py: --md {page}: needs one '{BEGIN}' line and one '{END}' line after it\n")
+        raise SystemExit(2)
+    head, rest = text.split(BEGIN)
+    return head, END + rest.split(END)[1]
+
+
+def fill_markdown(page: Path, tables: str) -> None:
+    """Put `tables` between the page's BEGIN and END markers (replacing what was there): the docs' results stay
+    what the committed raw results give."""
+    head, tail = page_parts(page)
+    page.write_text(f"{head}{BEGIN}\n{tables.strip()}\n{tail}")
+
+
 def _pct(value) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -407,7 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=Path, nargs="*", help="folders holding the plans that ran")
     parser.add_argument("--calibrated-profile", type=Path, help="write the in-sample calibrated profile here (YAML)")
     parser.add_argument("--tables", type=Path, help="write the Markdown tables here (docs/benchmarks.md embeds them)")
+    parser.add_argument("--md", type=Path, help=f"and put them into this page, between its '{BEGIN}' and '{END}' "
+                        "lines")
     args = parser.parse_args(argv)
+    if args.md:
+        page_parts(args.md)  # a page without its markers: one line, nothing written
     data = collect(args.folders)
     rows, peers = run_rows(data), peer_rows(data)
     profile = args.profile or next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
@@ -421,14 +452,23 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.json}: {len(rows)} runs, {len(peers)} peer runs, {len(data['floors'])} floors")
-    if args.figures:
-        print("figures:", ", ".join(figures(rows, peers, data["floors"], args.figures)))
+    drawn = figures(rows, peers, data["floors"], args.figures) if args.figures else []
+    if drawn:
+        print("figures:", ", ".join(drawn))
+    tables = ("**Targets, point by point (each row from one call)**\n\n" + targets_markdown(points)
+              + "\n**Targets over every point**\n\n" + targets_summary(points, rows)
+              + timeline_markdown(rows) + markdown_tables(rows, peers, data["floors"]) + calibration_markdown(calib))
     if args.tables:
-        args.tables.write_text("**Targets, point by point (each row from one call)**\n\n" + targets_markdown(points)
-                               + "\n**Targets over every point**\n\n" + targets_summary(points, rows)
-                               + timeline_markdown(rows) + markdown_tables(rows, peers, data["floors"])
-                               + calibration_markdown(calib))
+        args.tables.write_text(tables)
         print(f"wrote {args.tables}")
+    if args.md:
+        if drawn:  # linked from the page, relative to it
+            import os
+
+            where = Path(os.path.relpath(args.figures.resolve(), args.md.resolve().parent))
+            tables += "\n" + "\n".join(f"![{name}]({(where / name).as_posix()})" for name in drawn) + "\n"
+        fill_markdown(args.md, tables)
+        print(f"wrote {args.md}")
     return 0
 
 

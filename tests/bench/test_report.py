@@ -52,3 +52,21 @@ def test_timelines_are_tabulated_per_run():
     assert table[-2:] == ["| b | 128 | 8 | liac (split) | 523 | 91 | 300 | 376 | 250 | 97.4 |",
                           "| b | 128 | 8 | liac (whole sublayers) | 456 | 91 | 300 | 376 | 250 | 97.4 |"]
     assert timeline_markdown([_row("b", "optimal", 1, 400.0, 2.0)]) == ""
+
+
+def test_tables_go_between_the_pages_markers(tmp_path, capsys):
+    import pytest
+    from report import BEGIN, END, fill_markdown, main
+
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nbefore\n{BEGIN}\nold tables\n{END}\nafter\n")
+    fill_markdown(page, "| new | tables |\n")
+    fill_markdown(page, "| newer | tables |\n")  # again: replaced, not stacked
+    assert page.read_text() == f"# Benchmarks\n\nbefore\n{BEGIN}\n| newer | tables |\n{END}\nafter\n"
+    bare = tmp_path / "bare.md"
+    bare.write_text("# no markers\n")
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), "--json", str(tmp_path / "out.json"), "--md", str(bare)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1 and "needs one" in err[0]
+    assert not (tmp_path / "out.json").exists() and bare.read_text() == "# no markers\n"
