@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the H200 machine (the `run` tool of the device library; see docs/benchmarks.md for the calls made):
-# installs the carried wheels (.whl/: pulp, platformdirs, flexgen for the peers) and liac, records the machine,
-# optionally runs the GPU tests, then runs bench/h200.py into $OUT/NAME within what is left of the call's budget,
+# installs the carried wheels (.whl/: pulp, highspy, platformdirs, flexgen for the peers) and liac, records the
+# machine, optionally runs the GPU tests, then runs bench/h200.py into $OUT/NAME within what is left of the budget,
 # with the plans compiled here (.device-plans/, untracked, travels with the tree) or in the call ('compile' stage).
 # At most 8 files come back from a call: setup (pip, machine, GPU tests) goes into one setup.txt.
 #     bench/device-call.sh NAME [--gpu-tests] [bench/h200.py arguments...]
@@ -18,8 +18,8 @@ export PYTHONPATH=/tmp/site
 if ! python3 -c "import liac.passes, liac.runtime" >> "$out/setup.txt" 2>&1; then  # no PEP 660 editable: a copy
     python3 -m pip install --no-index --no-build-isolation --no-deps --target /tmp/site . >> "$out/setup.txt" 2>&1
 fi
-# pulp (the GPU budget tests and the compile stage) and platformdirs (liac.profile) are not on the machine's image:
-# carried as wheels in .whl/ (docs/benchmarks.md says how to fetch them)
+# pulp (the GPU budget tests and the compile stage; highspy beside it to solve as CI does) and platformdirs
+# (liac.profile) are not on the machine's image: carried as wheels in .whl/ (docs/benchmarks.md says how to fetch them)
 python3 -c "import liac.passes, liac.runtime, pulp, platformdirs; print('liac from', liac.__file__)" 2>&1 | tail -n 1
 { nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv; free -g; nproc; lscpu | grep -i "model name\|amx" | cut -c1-200; } >> "$out/setup.txt" 2>&1
 if [ "${1:-}" = "--gpu-tests" ]; then
