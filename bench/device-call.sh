@@ -28,6 +28,9 @@ if [ "${1:-}" = "--gpu-tests" ]; then
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/runtime > /tmp/pytest-gpu.txt 2>&1
     grep -E "passed|failed|error" /tmp/pytest-gpu.txt | tail -n 3 | tee -a "$out/setup.txt"
     grep -E "^(FAILED|ERROR)" /tmp/pytest-gpu.txt | head -n 20 >> "$out/setup.txt"
+    if grep -qE "^(FAILED|ERROR)" /tmp/pytest-gpu.txt; then  # the failures' detail, for the next session
+        grep -E "^E  |Error|error:" /tmp/pytest-gpu.txt | head -n 80 >> "$out/setup.txt"
+    fi
 fi
 # plans compiled here, before the call (untracked .device-plans/ travels with the tree), unless 'compile' runs there
 [ -f .device-plans/summary.json ] && cp .device-plans/summary.json "$out/"
