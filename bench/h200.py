@@ -23,8 +23,8 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            its run's shapes and its first request timed; no run starts that would end past --deadline-s → runs.json
            (per run: prefill ms, decode ms/token, tokens/s, load and warm-up seconds, the GPU footprint against the
            plan's budget, per-sublayer measured vs predicted times; with --timeline-batches, a torch.profiler
-           timeline of one decode step summarised by bench/timeline.py: main thread idle, copy and compute
-           streams busy and overlapping)
+           timeline of one decode step summarised by bench/timeline.py — main thread idle, copy and compute
+           streams busy and overlapping — recorded after all the runs, the deadline keeping room for them)
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
   floor    bench/floor.py for every point with the measured profile → floor.json
   footprint  the GPU footprint `liac profile` measures (runtime/footprint.py: CUDA context, library workspaces,

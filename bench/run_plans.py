@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunSpec", "run_plans", "estimate_seconds", "main", "RESULTS_VERSION"]
+__all__ = ["RunSpec", "run_plans", "estimate_seconds", "timeline_seconds", "main", "RESULTS_VERSION"]
 
 RESULTS_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,28 +69,45 @@ class RunSpec:
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
-                     warm_share: float = 1.0, timeline: bool = False) -> float:
-    """Wall time a run should take by the plan's prediction: warm-up, timed generate, timeline, profiling pass.
+                     warm_share: float = 1.0) -> float:
+    """Wall time a run should take by the plan's prediction: warm-up, timed generate, profiling pass.
 
     Prefill scales with batch × prompt against the plan's workload; decode per token with batch (both upper
     bounds for smaller requests, whose per-token cost is never more than linear). The warm-up runs a prefill and a
-    decode step through `warm_share` of the layers (one per layer group). A timeline is a 3-token generate under
-    the profiler plus ~5 s to export and read its trace."""
-    prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
-    step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
+    decode step through `warm_share` of the layers (one per layer group)."""
+    prefill, step = _phase_seconds(predicted, work, batch, prompt_len)
     warmup = (prefill + step) * warm_share
     timed = prefill + step * (gen_len - 1)
     profile = (prefill + step * profile_steps) if profile_steps else 0.0
-    return warmup + timed + profile + ((prefill + 2 * step + 5.0) if timeline else 0.0)
+    return warmup + timed + profile
 
 
-def _timeline(engine, ids) -> dict:
-    """bench/timeline.py's summary of one decode step; a failure is recorded, never loses the run."""
+def timeline_seconds(predicted, work, batch: int, prompt_len: int, warm_share: float = 1.0) -> float:
+    """Wall time of a run's timeline by the plan's prediction: a warm-up, a 3-token generate under the profiler
+    (prefill and two decode steps), and ~5 s to build the engine and export and read the trace."""
+    prefill, step = _phase_seconds(predicted, work, batch, prompt_len)
+    return (prefill + step) * warm_share + prefill + 2 * step + 5.0
+
+
+def _phase_seconds(predicted, work, batch: int, prompt_len: int) -> tuple[float, float]:
+    prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
+    step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
+    return prefill, step
+
+
+def _timeline(plan, host, backend, ids) -> dict:
+    """bench/timeline.py's summary of one decode step of `plan` at `ids`, in an engine of its own (warmed up at
+    those shapes, its budget not enforced: the profiler's GPU buffers sit outside torch's allocator); a failure is
+    recorded, never loses the run."""
+    from liac.runtime import Engine
+
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         from timeline import record
 
-        return record(engine, ids)
+        with Engine.from_plan(plan, weights=host, backend=backend, warm_up=tuple(ids.shape),
+                              enforce_budget=False) as engine:
+            return record(engine, ids)
     except Exception as e:  # the profiler is a measurement aid: the run's numbers stand without it
         return {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
     finally:
@@ -116,7 +133,10 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
     Args:
         deadline: a time.monotonic() after which no run starts whose estimate would end past it (skipped).
         timeline_batches: runs at these batch sizes also record a timeline of one decode step (bench/timeline.py:
-            torch.profiler over a 3-token generate after the timed one) → the run's 'timeline'.
+            torch.profiler over a 3-token generate) → the run's 'timeline'. The timelines come after every run,
+            each in an engine of its own that does not enforce the budget: the profiler's own GPU buffers would
+            count as CUDA context, in the footprint of the runs after it and against their budget at start. The
+            deadline keeps room for the timelines of the runs that ran.
 
     Raises:
         LiacError: a plan that does not load, or plans for different models (before any weights are made).
@@ -154,6 +174,7 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
         if out is not None:
             write_atomic(out, json.dumps(results, indent=1, sort_keys=True) + "\n")
 
+    timelines_due, pending = 0.0, []  # the runs' timelines, recorded after every run
     for index, (run, plan) in enumerate(zip(runs, plans)):
         work = plan.spec.workload
         batch, prompt_len = run.batch or work.batch_size, run.prompt_len or work.prompt_len
@@ -165,7 +186,9 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                                 "tokens_per_second": round(plan.status.predicted.tokens_per_second, 3),
                                 "total_ms": _ms(plan.status.predicted.total_seconds)}}
         estimate = estimate_seconds(plan.status.predicted, work, batch, prompt_len, gen_len, profile_steps,
-                                    _warm_share(plan), batch in timeline_batches)
+                                    _warm_share(plan))
+        timeline = timeline_seconds(plan.status.predicted, work, batch, prompt_len, _warm_share(plan)) \
+            if batch in timeline_batches else 0.0
         record["estimated_seconds"] = round(estimate, 3)
         results["runs"].append(record)
         label = f"[{index + 1}/{len(runs)}] {Path(run.plan).name} ({plan.metadata.name})"
@@ -176,8 +199,10 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             if max_seconds is not None and estimate > max_seconds:
                 record["skipped"] = (f"estimated {estimate:.0f} s from the plan's prediction exceeds --max-seconds "
                                      f"{max_seconds:g}")
-            elif left is not None and estimate + 5 > left:  # + building the engine
-                record["skipped"] = f"out of time: estimated {estimate:.0f} s, {max(0.0, left):.0f} s left"
+            elif left is not None and estimate + 5 + timeline + timelines_due > left:  # + building the engine
+                record["skipped"] = (f"out of time: estimated {estimate + timeline:.0f} s, {max(0.0, left):.0f} s "
+                                     f"left" + (f" ({timelines_due:.0f} s kept for timelines)" if timelines_due
+                                                else ""))
             if "skipped" in record:
                 log(f"{label}: skipped ({record['skipped']})")
                 save()
@@ -190,10 +215,6 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 record["build_seconds"] = round(engine.build_seconds, 3)
                 record["warmup_seconds"] = round(engine.warmup_seconds, 3)
                 generation = engine.generate(ids, gen_len)
-                if batch in timeline_batches:
-                    record["timeline"] = _timeline(engine, ids)
-                    log(f"{label}: timeline of a decode step: " + ", ".join(
-                        f"{k} {v}" for k, v in record["timeline"].items() if k.endswith("_ms") or k == "error"))
                 steps = min(profile_steps, gen_len - 1)
                 spent = time.perf_counter() - began
                 if steps and max_seconds is not None and spent > max_seconds:
@@ -212,6 +233,9 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             record["gpu"]["allocated_after_close_bytes"] = backend.gpu_allocated_bytes()
             if metrics_dir is not None:
                 write_metrics(Path(metrics_dir) / f"{index:02d}-{plan.metadata.name}.json", metrics)
+            if timeline:
+                timelines_due += timeline
+                pending.append((record, plan, ids, timeline, label))
             record["summary"] = {"prefill_ms": metrics["prefill_ms"],
                                  "decode_ms_per_token": metrics["decode_ms_per_token"],
                                  "tokens_per_second": metrics["tokens_per_second"]}
@@ -235,6 +259,17 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
         gc.collect()  # a failed run's tensors go with its traceback: give their GPU memory back before the next
         backend.release_cached()
         record["wall_seconds"] = round(time.perf_counter() - began, 3)
+        save()
+    for record, plan, ids, seconds, label in pending:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and seconds > left:
+            record["timeline"] = {"error": f"out of time: estimated {seconds:.0f} s, {max(0.0, left):.0f} s left"}
+        else:
+            record["timeline"] = _timeline(plan, host, backend, ids)
+        log(f"{label}: timeline of a decode step: " + ", ".join(
+            f"{k} {v}" for k, v in record["timeline"].items() if k.endswith("_ms") or k == "error"))
+        gc.collect()
+        backend.release_cached()
         save()
     host.close()
     return results

@@ -128,9 +128,9 @@ def test_estimate_is_warmup_plus_timed_run_plus_profile():
     assert estimate_seconds(predicted, work, 4, 32, 10, 3, 0.25) == pytest.approx(0.625 + 6.5 + 3.5)
     # half the batch and prompt: prefill scales with batch × prompt (0.5 s), a decode step with batch (0.25 s)
     assert estimate_seconds(predicted, work, 2, 16, 4, 0) == pytest.approx((0.5 + 0.25) + (0.5 + 3 * 0.25))
-    # a timeline: a 3-token generate (prefill + 2 steps) and ~5 s for the trace
-    assert estimate_seconds(predicted, work, 2, 16, 4, 0, timeline=True) == pytest.approx(
-        (0.5 + 0.25) + (0.5 + 3 * 0.25) + (0.5 + 2 * 0.25 + 5.0))
+    # a timeline: its own engine's warm-up, a 3-token generate (prefill + 2 steps) and ~5 s for engine and trace
+    assert run_plans_module.timeline_seconds(predicted, work, 2, 16, 0.25) == pytest.approx(
+        (0.5 + 0.25) / 4 + (0.5 + 2 * 0.25) + 5.0)
 
 
 def test_runs_that_would_end_past_the_deadline_are_skipped(tmp_path):
@@ -167,13 +167,14 @@ def test_transfers_in_the_metrics_are_the_timed_runs_own(tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_runs_at_the_timeline_batches_record_a_decode_step(tmp_path, backend):
-    """bench/timeline.py over a real profiler trace: the step is found and summarised; on CUDA the streamed layers'
-    copies show on a copy stream beside the compute stream."""
+    """bench/timeline.py over a real profiler trace, after the runs, in an engine of its own: the step is found and
+    summarised; on CUDA the streamed layers' copies show on a copy stream beside the compute stream."""
     path = _write(tmp_path, "mixed", resident_layers=1)
     results = run_plans([RunSpec(path), RunSpec(path, batch=1)], seed=0, emulate_gpu=backend == "emulated",
                         profile_steps=0, log=lambda line: None, timeline_batches=(2,))
     timed, untimed = results["runs"]
     assert "timeline" not in untimed and "error" not in timed["timeline"], timed["timeline"]
+    assert timed["summary"]["decode_ms_per_token"] > 0  # the timed run's own numbers stand beside it
     line = timed["timeline"]
     assert 0 < line["main_busy_ms"] <= line["step_ms"] and line["cpu_ops"]
     if backend == "emulated":
@@ -181,3 +182,24 @@ def test_runs_at_the_timeline_batches_record_a_decode_step(tmp_path, backend):
     else:
         assert line["compute_busy_ms"] > 0 and line["copy_busy_ms"] > 0
         assert {s["role"] for s in line["streams"].values()} >= {"compute", "copy"}
+
+
+def test_the_deadline_keeps_room_for_the_timelines_of_the_runs_that_ran(tmp_path):
+    """A run starts only if it, its own timeline and the timelines already owed fit before the deadline. The plan
+    predicts 10 s a step (its tiny model runs in far less): with room for one run and one and a half timelines, the
+    first run runs, the second would leave too little for both timelines and is skipped, the first gets its
+    timeline."""
+    import time
+
+    from liac.plan import load_plan
+
+    path = _write(tmp_path, "gpu", predicted_seconds=10.0)
+    plan = load_plan(path)
+    args, share = (plan.status.predicted, plan.spec.workload, 2, 8), run_plans_module._warm_share(plan)
+    run, owed = estimate_seconds(*args, 6, 0, share), run_plans_module.timeline_seconds(*args, share)
+    results = run_plans([RunSpec(path), RunSpec(path)], seed=0, emulate_gpu=True, profile_steps=0,
+                        log=lambda line: None, deadline=time.monotonic() + run + 5 + 1.5 * owed,
+                        timeline_batches=(2,))
+    first, second = results["runs"]
+    assert "summary" in first and "error" not in first["timeline"], first.get("timeline")
+    assert second["skipped"].startswith("out of time") and "kept for timelines" in second["skipped"]
