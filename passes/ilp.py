@@ -31,6 +31,7 @@ import numpy as np
 
 from liac.errors import LiacError
 from liac.passes.costs import ClassCosts, CostGraph
+from liac.passes.ilp_check import check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
 from liac.passes.ilp_records import LayerConfig, SolverOptions
 from liac.passes.price import layer_time, operand_tiers
@@ -128,26 +129,70 @@ def parse_policy(policy: str | None, source: str = "--policy") -> Policy:
 # Column generation
 
 
-def _pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
-    """Indices (ascending) of the rows of `points` [n, d] that no other row dominates (all ≤, one <, all
-    minimised); of identical rows the first is kept.
+# Seconds within this relative difference are a tie, broken by the resources (less staging, no GPU, fewer bytes
+# win). A layer's seconds is a sum over its steps (pairwise, numpy) of a max of sums of a few dozen prices; two
+# placements whose times are equal in exact arithmetic (a step bound by shared DDR reads the same bytes whatever a
+# split's share) differ in float64 by a few ulps of those sums, below 1e-14 relative. 1e-12 is a hundred times
+# that, and treating such near-ties as ties costs at most 1e-12 of the objective per pruning, far below the 1e-9
+# to which the master problem proves optimality.
+TIE_RELATIVE = 1e-12
 
-    Rows are visited in lexicographic order (a dominating row sorts before the rows it dominates), each compared
-    only with the rows kept so far and the earlier rows of its chunk: O(n · kept), not O(n²).
+
+def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefer: tuple[np.ndarray, ...] = (),
+           tolerance: float = TIE_RELATIVE) -> np.ndarray:
+    """Indices (ascending) of the rows no other row beats: one is dropped when a kept row streams no more, uses
+    the GPU only if it does, and is at most `tolerance` (relative) slower. So of two placements equally fast up
+    to float noise, the one needing less staging (or no GPU) stays.
+
+    Every dropped row has a kept row that fits wherever it fits (every constraint bounds staging and GPU use from
+    above) and is at most `tolerance` slower: rows are compared with kept rows only, so tolerances never chain.
+    Of rows with equal staging and GPU use, the one kept is, among those within `tolerance` of the fastest, the
+    first by `prefer` (keys, most significant first), then by index.
+
+    Args:
+        seconds: [n] the objective (non-negative).
+        staging: [n] staging bytes.
+        uses_gpu: [n] bool.
+        prefer: [n] arrays breaking ties among equally fast rows with the same staging and GPU use.
     """
-    n = points.shape[0]
-    order = np.lexsort(np.vstack([np.arange(n)[None, :], points.T[::-1]]))
-    kept_rows = np.empty((0, points.shape[1]))
-    keep = np.zeros(n, dtype=bool)
-    for start in range(0, n, chunk):
-        rows = order[start:start + chunk]
-        block = points[rows]  # [r, d]
-        dominated = np.all(kept_rows[None, :, :] <= block[:, None, :], axis=2).any(axis=1)
-        earlier = np.all(block[None, :, :] <= block[:, None, :], axis=2)  # [i, j]: row j ≤ row i everywhere
-        dominated |= np.tril(earlier, k=-1).any(axis=1)  # j before i in lexicographic order
-        keep[rows[~dominated]] = True
-        kept_rows = np.vstack([kept_rows, block[~dominated]])
-    return np.nonzero(keep)[0]
+    n = seconds.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    gpu = uses_gpu.astype(np.int64)
+    # 1. one representative per (GPU use, staging)
+    order = np.lexsort((np.arange(n), seconds, staging, gpu))
+    key_g, key_s = gpu[order], staging[order]
+    starts = np.r_[True, (key_g[1:] != key_g[:-1]) | (key_s[1:] != key_s[:-1])]
+    block = np.cumsum(starts) - 1
+    fastest = seconds[order][starts][block]
+    near = seconds[order] <= fastest + tolerance * fastest
+    rank = np.lexsort((order,) + tuple(key[order] for key in reversed(prefer)) + (~near, block))
+    reps = order[rank[np.r_[True, block[rank][1:] != block[rank][:-1]]]]  # sorted by (GPU use, staging)
+    # 2. exact dominance, a staircase per GPU use: slower than a row streaming less (a CPU-only row streaming no
+    # more, for a row using the GPU)
+    sec, stg, g = seconds[reps], staging[reps], gpu[reps]
+    cpu_only = g == 0
+    dominated = np.zeros(reps.size, dtype=bool)
+    for mask in (cpu_only, ~cpu_only):
+        t = sec[mask]
+        before = np.r_[np.inf, np.minimum.accumulate(t)[:-1]]  # the fastest streaming less (same GPU use)
+        dominated[mask] = before <= t
+    if cpu_only.any() and (~cpu_only).any():
+        best_cpu = np.minimum.accumulate(sec[cpu_only])
+        upto = np.searchsorted(stg[cpu_only], stg[~cpu_only], side="right")
+        dominated[~cpu_only] |= np.where(upto > 0, best_cpu[np.maximum(upto - 1, 0)], np.inf) <= sec[~cpu_only]
+    reps, sec, stg, g = reps[~dominated], sec[~dominated], stg[~dominated], g[~dominated]
+    # 3. tolerance: a survivor at most `tolerance` faster than one that streams no more and uses the GPU no more
+    by_seconds = np.argsort(sec, kind="stable")
+    upper = np.searchsorted(sec[by_seconds], sec[by_seconds] * (1 + tolerance), side="right")
+    suspects = [int(by_seconds[pos]) for pos in np.nonzero(upper > np.arange(reps.size) + 1)[0]]
+    keep = np.ones(reps.size, dtype=bool)
+    for i in sorted(suspects, key=lambda i: (stg[i], g[i])):  # a dominator sorts before what it dominates
+        rival = (sec > sec[i]) & (sec <= sec[i] * (1 + tolerance)) & (stg <= stg[i]) & (g <= g[i]) & keep
+        rival[i] = False
+        if rival.any():
+            keep[i] = False
+    return np.sort(reps[keep])
 
 
 def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_permille: tuple[int, ...],
@@ -195,94 +240,139 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
     return np.array(rows, dtype=np.int64).reshape(len(rows), len(units)), np.array(in_policy, dtype=bool)
 
 
-def _balanced(permille: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Rows to keep [P]: every placement without a split, and of each split *family* (the same units split, the
-    others placed alike) only the grid share that minimises the phase's time, the largest CPU share among equal
-    times (it streams least). A split exists to balance the CPU part against PCIe; shares past that point trade
-    time for staging bytes, which whole placements and other families already offer, at a fraction of the
-    configurations (docs/cost-model.md §3)."""
-    split = (permille > 0) & (permille < 1000)
-    keep = ~split.any(axis=1)
-    rows = np.nonzero(~keep)[0]
-    if rows.size == 0:
-        return keep
-    family = np.where(split[rows], -1, permille[rows])  # the split units' shares blanked out
-    cpu_total = permille[rows].sum(axis=1)
-    order = np.lexsort((-cpu_total, seconds[rows]) + tuple(family.T[::-1]))
-    ordered = family[order]
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
-    keep[rows[order[first]]] = True
-    return keep
+@dataclass(frozen=True)
+class _PhaseFront:
+    """The placements of one layer in one phase (fixed tiers) that no other one beats in (seconds, staging
+    bytes, GPU use), as arrays over the front's rows."""
+
+    permille: np.ndarray  # [F, U] CPU permille per unit
+    seconds: np.ndarray  # [F] summed over the phase's steps
+    staging: np.ndarray  # [F] most bytes streamed in one step (Eq. 9), whole bytes
+    uses_gpu: np.ndarray  # [F] bool
+    in_policy: np.ndarray  # [F] bool: False for the all-GPU row only a resident layer may take (Optimization-1)
+    splits: np.ndarray  # [F] split units
+    chain: np.ndarray  # [F] the sequential part alone (Eq. 4)
+
+
+def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str, vectors: list[tuple[tuple[str, ...], bool]],
+                  policy: Policy, max_split_units: int) -> list[_PhaseFront | None]:
+    """Per tier vector ((operand tiers, resident) in `vectors`), every allowed placement of one phase, priced,
+    reduced to its front (None when none is allowed).
+
+    Every split share of the grid is a candidate: a share past the time-optimal one is slower but streams less,
+    which a tight HBM budget may need (the staging buffer), so only dominance decides. Of placements equally fast
+    with equal staging and GPU use (the max() of Eq. 7 hides a shorter chain when streaming binds), a whole one is
+    kept over a split, then the shortest chain: it leaves the most slack.
+    """
+    allowed, split = policy.allowed(phase)
+    fronts = []
+    for tiers, resident in vectors:
+        permille, in_policy = phase_placements(cls, phase, tiers, costs.split_permille, allowed, split,
+                                               max_split_units, resident)
+        if permille.shape[0] == 0:
+            fronts.append(None)
+            continue
+        priced = layer_time(costs, cls, phase, tiers, permille)
+        seconds, staging, valid, chain = priced.seconds, priced.staging_bytes, priced.valid, priced.chain_seconds
+        rows = np.nonzero(valid)[0]
+        if rows.size == 0:
+            fronts.append(None)
+            continue
+        permille = permille[rows]
+        staging = np.ceil(staging[rows])
+        uses_gpu = (permille < 1000).any(axis=1)
+        splits = ((permille > 0) & (permille < 1000)).sum(axis=1)
+        keep = _front(seconds[rows], staging, uses_gpu, prefer=(splits, chain[rows]))
+        fronts.append(_PhaseFront(permille[keep], seconds[rows][keep], staging[keep], uses_gpu[keep],
+                                  in_policy[rows][keep], splits[keep], chain[rows][keep]))
+    return fronts
 
 
 def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("optimal"),
                   max_split_units: int = 1) -> list[LayerConfig]:
     """Every non-dominated configuration of one layer of `cls` (steps 1-3 of the module docstring).
 
-    `policy` restricts the decoder's placements; whole layers resident in HBM and computed on the GPU stay allowed
-    (LIA's Optimization-1).
+    A configuration is kept unless another one is at most as slow (up to `TIE_RELATIVE`) and uses no more of
+    anything a constraint can bind on: bytes per tier, staging bytes, GPU use. Every constraint of the master
+    problem is an upper bound on a sum or a max of these, so the dropped ones are never needed for an optimum
+    (docs/cost-model.md §3). `policy` restricts the decoder's placements; whole layers resident in HBM and
+    computed on the GPU stay allowed (LIA's Optimization-1).
     """
     tiers = costs.tiers
     num_units = len(cls.units)
     weight_units = [i for i, op in enumerate(cls.operands) if op == "weights"]
     kv_choices = tiers if "kv" in cls.operands or cls.kv_cache_bytes else ("none",)
-    candidates = []
+    parts = []  # per tier vector: (weights, kv, memory, prefill rows, decode rows, arrays of the combinations)
+    layouts = []  # (weights, kv, operand tiers, resident)
     for weight_tiers in itertools.product(tiers, repeat=len(weight_units)):
         weights = ["none"] * num_units
         for unit, tier in zip(weight_units, weight_tiers):
             weights[unit] = tier
         for kv in kv_choices:
             resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
-            operands = operand_tiers(cls, tuple(weights), kv)
-            fronts = {}
-            for phase in ("prefill", "decode"):
-                allowed, split = policy.allowed(phase)
-                permille, in_policy = phase_placements(cls, phase, operands, costs.split_permille, allowed,
-                                                       split, max_split_units, resident)
-                if permille.shape[0] == 0:
-                    break
-                priced = layer_time(costs, cls, phase, operands, permille)
-                seconds, staging, chain = priced.seconds, priced.staging_bytes, priced.chain_seconds
-                valid = priced.valid
-                rows = np.nonzero(valid & _balanced(permille, seconds))[0]
-                if rows.size == 0:
-                    break
-                # Of placements equally good for the objective (the max() of Eq. 7 hides a shorter chain when
-                # streaming binds), keep a whole one over a split, then the shortest chain: it leaves the most slack.
-                splits = ((permille > 0) & (permille < 1000)).sum(axis=1)
-                rows = rows[np.lexsort((rows, chain[rows], splits[rows], seconds[rows]))]
-                uses_gpu = (permille[rows] < 1000).any(axis=1).astype(np.float64)
-                front = rows[_pareto(np.stack([seconds[rows], staging[rows], uses_gpu], axis=1))]
-                fronts[phase] = [(tuple(int(v) for v in permille[r]), float(seconds[r]), float(staging[r]),
-                                  bool(in_policy[r])) for r in front]
-            if len(fronts) < 2:
-                continue
-            memory = {"hbm": 0, "ddr": 0, "cxl": 0}
-            for unit, tier in enumerate(weights):
-                if tier != "none":
-                    memory[tier] += cls.weight_bytes[unit]
-            if kv != "none":
-                memory[kv] += cls.kv_cache_bytes
-            combos = []
-            for (pre, pre_s, pre_stage, pre_ok), (dec, dec_s, dec_stage, dec_ok) in itertools.product(
-                    fronts["prefill"], fronts["decode"]):
-                if not (pre_ok and dec_ok) and not (max(pre) == 0 and max(dec) == 0):
-                    continue  # a resident layer must be resident in both phases, not mixed with a policy
-                combos.append(LayerConfig(
-                    weights=tuple(weights), kv_cache=kv, prefill_cpu_permille=pre, decode_cpu_permille=dec,
-                    prefill_seconds=pre_s, decode_seconds=dec_s,
-                    hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
-                    staging_bytes=int(np.ceil(max(pre_stage, dec_stage))),
-                    uses_gpu=min(pre) < 1000 or min(dec) < 1000))
-            if combos:  # same tiers, same memory: only (seconds, staging, GPU use) can tell them apart
-                table = np.array([[c.seconds, c.staging_bytes, c.uses_gpu] for c in combos], dtype=np.float64)
-                candidates.extend(combos[i] for i in _pareto(table))
-    if not candidates:
+            layouts.append((tuple(weights), kv, operand_tiers(cls, tuple(weights), kv), resident))
+    vectors = [(operand, resident) for _, _, operand, resident in layouts]
+    prefill = _phase_fronts(costs, cls, "prefill", vectors, policy, max_split_units)
+    decode = _phase_fronts(costs, cls, "decode", vectors, policy, max_split_units)
+    for (weights, kv, _, _), pre, dec in zip(layouts, prefill, decode):
+        if pre is None or dec is None:
+            continue
+        # every (prefill, decode) pair: seconds add, staging is the larger, GPU use either
+        seconds = pre.seconds[:, None] + dec.seconds[None, :]
+        staging = np.maximum(pre.staging[:, None], dec.staging[None, :])
+        uses_gpu = pre.uses_gpu[:, None] | dec.uses_gpu[None, :]
+        resident_pair = (pre.permille.max(axis=1) == 0)[:, None] & (dec.permille.max(axis=1) == 0)[None, :]
+        # a resident layer must be resident in both phases, not mixed with a policy's placement
+        ok = (pre.in_policy[:, None] & dec.in_policy[None, :]) | resident_pair
+        pairs = np.nonzero(ok.ravel())[0]
+        if pairs.size == 0:
+            continue
+        splits = (pre.splits[:, None] + dec.splits[None, :]).ravel()[pairs]
+        chain = (pre.chain[:, None] + dec.chain[None, :]).ravel()[pairs]
+        keep = pairs[_front(seconds.ravel()[pairs], staging.ravel()[pairs], uses_gpu.ravel()[pairs],
+                            prefer=(splits, chain))]
+        memory = {"hbm": 0, "ddr": 0, "cxl": 0}
+        for unit, tier in enumerate(weights):
+            if tier != "none":
+                memory[tier] += cls.weight_bytes[unit]
+        if kv != "none":
+            memory[kv] += cls.kv_cache_bytes
+        parts.append((tuple(weights), kv, memory, pre, dec, keep // dec.seconds.size, keep % dec.seconds.size))
+    if not parts:
         return []
-    table = np.array([[c.seconds, c.hbm_bytes, c.ddr_bytes, c.cxl_bytes, c.staging_bytes, c.uses_gpu]
-                      for c in candidates], dtype=np.float64)
-    return [candidates[i] for i in _pareto(table)]
+    # Across tier vectors: every configuration of a class holds the same bytes in all tiers together (each
+    # tensor lives in exactly one), so one can use no more of every tier than another only with the same bytes in
+    # each; tier vectors with identical memory (units of equal size swapped) are merged into one front.
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for k, p in enumerate(parts):
+        groups.setdefault((p[2]["hbm"], p[2]["ddr"], p[2]["cxl"]), []).append(k)
+    rows = []  # (part, prefill row, decode row)
+    for members in groups.values():
+        index = np.concatenate([np.full(parts[k][5].size, k) for k in members])
+        first = np.concatenate([parts[k][5] for k in members])
+        second = np.concatenate([parts[k][6] for k in members])
+        if len(members) > 1:
+            seconds = np.concatenate([parts[k][3].seconds[parts[k][5]] + parts[k][4].seconds[parts[k][6]]
+                                      for k in members])
+            staging = np.concatenate([np.maximum(parts[k][3].staging[parts[k][5]], parts[k][4].staging[parts[k][6]])
+                                      for k in members])
+            uses_gpu = np.concatenate([parts[k][3].uses_gpu[parts[k][5]] | parts[k][4].uses_gpu[parts[k][6]]
+                                       for k in members])
+            keep = _front(seconds, staging, uses_gpu)
+            index, first, second = index[keep], first[keep], second[keep]
+        rows.extend(zip(index.tolist(), first.tolist(), second.tolist()))
+    rows.sort()
+    out = []
+    for part, i, j in rows:
+        weights, kv, memory, pre, dec = parts[part][:5]
+        out.append(LayerConfig(
+            weights=weights, kv_cache=kv, prefill_cpu_permille=tuple(int(v) for v in pre.permille[i]),
+            decode_cpu_permille=tuple(int(v) for v in dec.permille[j]),
+            prefill_seconds=float(pre.seconds[i]), decode_seconds=float(dec.seconds[j]),
+            hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
+            staging_bytes=int(max(pre.staging[i], dec.staging[j])),
+            uses_gpu=bool(pre.uses_gpu[i] or dec.uses_gpu[j])))
+    return out
 
 
 def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) -> tuple[Assignment, SolverReport]:
@@ -299,6 +389,7 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     """
     start = time.perf_counter()
     policy = parse_policy(options.policy)
+    check_capacity(costs)  # before the columns: an oversized model fails fast
     configs = {}
     for cls in costs.classes:
         # Policies restrict the decoder; the embedding and the head keep whole placements under any policy.
@@ -323,7 +414,8 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     assignment = Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
                             host_workspace_bytes=max(c.host_workspace_bytes for c in costs.classes), objective_seconds=objective,
                             tied_tier=tied_tier, tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
-    report = SolverReport(name=solution.solver, status="optimal" if solution.proven else "feasible",
-                          objective_seconds=objective, gap=solution.gap, seconds=time.perf_counter() - start,
+    gap = check_solution(costs, assignment, solution.certificate, configs)
+    report = SolverReport(name=solution.solver, status="optimal" if gap == 0.0 else "feasible",
+                          objective_seconds=objective, gap=gap, seconds=time.perf_counter() - start,
                           policy=policy.name, configurations=len(configs["decoder"]))
     return assignment, report

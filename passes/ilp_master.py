@@ -14,6 +14,7 @@ plan so far as a cutoff. When nothing fits, an elastic copy names the binding ti
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import os
 import sys
@@ -25,12 +26,14 @@ import pulp
 
 from liac.errors import InfeasibleError, LiacError, require
 from liac.passes.costs import CostGraph
-from liac.passes.ilp_knapsack import applies, solve_level
+from liac.passes.ilp_knapsack import (ClassColumns, LevelProblem, LevelSolution, TooLarge, beats,
+                                      solve_level, useful_columns)
+from liac.passes.ilp_lp import solve_lp
 from liac.passes.ilp_records import LayerConfig, SolverOptions
 from liac.plan import TIERS
 from liac.sizes import GIB
 
-__all__ = ["MasterSolution", "solve_master", "check_capacity", "make_solver"]
+__all__ = ["MasterSolution", "Certificate", "solve_master", "check_capacity", "make_solver"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,19 @@ class MasterSolution:
 
     counts: dict
     solver: str  # 'HiGHS' or 'PULP_CBC_CMD'
-    gap: float  # relative gap proven by the solver
-    proven: bool  # the solver proved the best level optimal
+    certificate: Certificate  # why no other plan is better: what closed every staging level
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """What closed each staging level of the search: its exact optimum, a lower bound the ILP solver proved, or
+    the Lagrangian bound (Eq. 12') under one of `multipliers`. passes/ilp_check.py re-derives the bounds."""
+
+    levels: np.ndarray  # [L] staging bytes
+    solved: np.ndarray  # [L] the level's optimum, or its proven lower bound, where a solve closed it; nan elsewhere
+    multipliers: np.ndarray  # [P, 3] λ per GiB (HBM, DDR, CXL) of every LP solved
+
+
 
 
 def make_solver(options: SolverOptions, cutoff: float | None = None):
@@ -55,16 +69,29 @@ def make_solver(options: SolverOptions, cutoff: float | None = None):
             raise LiacError("--solver", "'highs': pulp does not find a usable HiGHS in the installed highspy")
         # Tight tolerances: at HiGHS's defaults (1e-6) the proof of optimality is only good to ~1e-6 relative.
         extra = {} if cutoff is None else {"objective_bound": cutoff}
-        return "HiGHS", pulp.HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
-                                   timeLimit=options.time_limit_seconds, mip_feasibility_tolerance=1e-9,
+        return "HiGHS", _HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
+                                   mip_max_nodes=options.node_limit, mip_feasibility_tolerance=1e-9,
                                    primal_feasibility_tolerance=1e-9, **extra)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that 4.0 unbundles CBC; the bundled one is what we use
             warnings.simplefilter("ignore", DeprecationWarning)
             return "PULP_CBC_CMD", pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
-                                                      timeLimit=options.time_limit_seconds,
+                                                      maxNodes=options.node_limit,
                                                       options=[] if cutoff is None else [f"cutoff {cutoff!r}"])
     raise LiacError("--solver", f"unsupported value '{name}': must be one of 'auto', 'cbc', 'highs'")
+
+
+class _HiGHS(pulp.HiGHS):
+    """pulp's HiGHS, also reading a solve stopped by the node limit (pulp 3.3 knows time and iteration limits
+    only): the best solution found, if any, as a feasible one."""
+
+    def findSolutionValues(self, lp):
+        try:
+            return super().findSolutionValues(lp)
+        except KeyError:  # HighsModelStatus.kSolutionLimit: mip_max_nodes reached (the values are assigned)
+            if lp.solverModel.getInfo().primal_solution_status == 2:  # a feasible point
+                return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
 
 
 @contextlib.contextmanager
@@ -217,29 +244,10 @@ def _gap(problem, solver_name: str) -> float:
     return 0.0 if problem.sol_status == pulp.LpSolutionOptimal else 1.0
 
 
-def _useful_until(options: list[LayerConfig], tiers: tuple[str, ...] = TIERS, chunk: int = 256) -> np.ndarray:
-    """Per decoder configuration, the staging level from which another configuration streaming at most that much
-    dominates it in (seconds, bytes per tier in `tiers`, GPU use): at a fixed level staging no longer tells
-    configurations apart, so from there on it is not worth offering (inf: never). Dominance only grows with the
-    level, so configuration c is worth offering at level S exactly when staging_c ≤ S < useful_until[c]. Tiers
-    left out of `tiers` are ones whose capacity no choice can exceed (`_tiers_that_can_bind`)."""
-    table = np.array([[c.seconds, *(c.tier_bytes(t) for t in tiers), c.uses_gpu] for c in options],
-                     dtype=np.float64).reshape(len(options), len(tiers) + 2)
-    staging = np.array([c.staging_bytes for c in options], dtype=np.float64)
-    until = np.full(len(options), np.inf)
-    for start in range(0, len(options), chunk):
-        block = table[start:start + chunk]  # [r, 5]
-        dominated_by = (np.all(table[None, :, :] <= block[:, None, :], axis=2)
-                        & np.any(table[None, :, :] < block[:, None, :], axis=2))  # [r, n]
-        until[start:start + chunk] = np.where(dominated_by, staging[None, :], np.inf).min(axis=1)
-    return until
-
-
 def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> tuple[str, ...]:
-    """Tiers whose capacity some choice of configurations could exceed. Without CXL a layer's weights and KV are in
-    HBM or DDR, so using less of one means more of the other and no configuration dominates another in both; when
-    even the most DDR-hungry choice fits DDR, DDR cannot bind and dominance need not look at it (near-twin
-    configurations, e.g. fc1 or fc2 resident, then collapse, which keeps the level problems easy)."""
+    """Tiers whose capacity some choice of configurations could exceed (HBM always: the staging buffers use it).
+    When even the most DDR-hungry choice fits DDR, DDR cannot bind and the level problems leave it out (near-twin
+    configurations, e.g. fc1 or fc2 resident, then collapse, which keeps the level problems small)."""
     host = max(cls.host_workspace_bytes for cls in costs.classes)
     capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
     out = []
@@ -251,63 +259,139 @@ def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]
     return tuple(out)
 
 
-def _useful_at(options: list[LayerConfig], until: np.ndarray, staging_level: int) -> set[int]:
-    """Decoder configurations worth offering at a staging level (see `_useful_until`)."""
-    return {i for i, c in enumerate(options) if c.staging_bytes <= staging_level < until[i]}
+def _columns(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> dict[str, ClassColumns]:
+    """Each class's configurations as arrays, sorted by staging bytes."""
+    out = {}
+    for cls in costs.classes:
+        options = configs[cls.layer_class]
+        order = sorted(range(len(options)), key=lambda i: (options[i].staging_bytes, i))
+        out[cls.layer_class] = ClassColumns(
+            layer_class=cls.layer_class, count=cls.count, workspace_bytes=cls.workspace_bytes,
+            index=np.array(order, dtype=np.int64),
+            seconds=np.array([options[i].seconds for i in order], dtype=np.float64),
+            tier_bytes=np.array([[options[i].tier_bytes(t) for t in TIERS] for i in order],
+                                dtype=np.int64).reshape(len(order), 3),
+            staging=np.array([options[i].staging_bytes for i in order], dtype=np.int64),
+            uses_gpu=np.array([options[i].uses_gpu for i in order], dtype=bool),
+            weights_tier=np.array([TIERS.index(options[i].weights_tier) if options[i].weights_tier in TIERS
+                                   else -1 for i in order], dtype=np.int64))
+    return out
 
 
-class _LevelBounds:
-    """Lower bounds of the master problem over an interval of staging levels [S_i, S_j], from Lagrange
-    multipliers of the capacities.
+class _Bounds:
+    """Lower bounds of the master problem over intervals of staging levels, from Lagrange multipliers.
 
-    Any plan whose staging level lies in the interval uses only configurations streaming at most S_j and reserves
-    at least (p + 1)·S_i. For multipliers λ ≥ 0 (seconds per GiB, one per tier),
-    Σ_class count · min over those configurations of (t_c + λ·m_c) − λ·(capacity at S_i + a tied matrix's
-    credit) bounds it from below (weak duality; the workspace, which only adds HBM, is dropped). Configurations
-    sorted by staging make each minimum a prefix minimum. Every LP solved lends its duals to all intervals.
+    A plan whose largest stream lies in [S_i, S_j] uses only configurations streaming at most S_j, at least one of
+    them streaming at least S_i, and reserves at least (p + 1)·S_i of HBM. For multipliers λ ≥ 0 (seconds per
+    GiB, one per tier), with P_class(λ) the least t + λ·m over the class's configurations streaming at most S_j,
+
+        Σ_class count · P_class(λ) + min_class (least t + λ·m streaming in [S_i, S_j] − P_class(λ)) − λ·(capacity at S_i)
+
+    bounds it from below (weak duality, one layer forced onto a configuration of the interval; the capacity counts
+    a tied matrix's credit in every tier and no workspace, which only loosens it). Configurations sorted by staging
+    make P a prefix minimum. Every LP solved adds its duals to the pool.
     """
 
-    def __init__(self, costs: CostGraph, configs: dict[str, list[LayerConfig]], levels: list[int]):
-        self.levels = np.asarray(levels, dtype=np.float64)
-        self.classes = []
-        for cls in costs.classes:
-            options = sorted(configs[cls.layer_class], key=lambda c: c.staging_bytes)
-            staging = np.array([c.staging_bytes for c in options], dtype=np.float64)
-            self.classes.append((cls.count, np.array([c.seconds for c in options]),
-                                 np.array([[c.hbm_bytes, c.ddr_bytes, c.cxl_bytes] for c in options]) / GIB,
-                                 np.searchsorted(staging, self.levels, side="right")))
+    def __init__(self, costs: CostGraph, columns: dict[str, ClassColumns], levels: np.ndarray):
+        self.levels = levels
+        self.columns = list(columns.values())
+        self.upto = [np.searchsorted(c.staging, levels, side="right") for c in self.columns]
+        self.at = [np.searchsorted(c.staging, levels, side="left") for c in self.columns]
         budgets = costs.budgets
         host = max(cls.host_workspace_bytes for cls in costs.classes)
-        self.capacity = np.stack([(budgets.hbm_bytes - (budgets.prefetch_depth + 1) * self.levels) / GIB,
-                                  np.full(self.levels.size, (budgets.ddr_bytes - host) / GIB),
-                                  np.full(self.levels.size, budgets.cxl_bytes / GIB)], axis=1)
+        self.capacity = np.stack([(budgets.hbm_bytes - (budgets.prefetch_depth + 1) * levels.astype(np.float64)),
+                                  np.full(levels.size, float(budgets.ddr_bytes - host)),
+                                  np.full(levels.size, float(budgets.cxl_bytes))], axis=1) / GIB
         self.capacity += costs.tied_weight_bytes / GIB
+        self.memory = [c.tier_bytes / GIB for c in self.columns]
         self.multipliers = np.zeros((0, 3))
-        self.prefix = []  # per class: [configs, multipliers] prefix minima of t + m·λ
+        self.priced = [np.zeros((c.seconds.size, 0)) for c in self.columns]  # [K, P] t + λ·m
+        self.prefix = [np.zeros((c.seconds.size, 0)) for c in self.columns]  # [K, P] its prefix minima
         self.add(np.zeros(3))
 
     def add(self, multipliers: np.ndarray) -> None:
+        """One more λ (seconds per GiB, per tier)."""
         self.multipliers = np.vstack([self.multipliers, multipliers[None, :]])
-        self.prefix = [np.minimum.accumulate(seconds[:, None] + memory @ self.multipliers.T, axis=0)
-                       for _, seconds, memory, _ in self.classes]
+        for k, c in enumerate(self.columns):
+            priced = c.seconds + self.memory[k] @ multipliers
+            self.priced[k] = np.column_stack([self.priced[k], priced])
+            self.prefix[k] = np.column_stack([self.prefix[k], np.minimum.accumulate(priced)])
 
     def bound(self, first: int, last: int) -> float:
-        """The best bound, over the multipliers so far, of plans with staging levels first..last."""
-        total = -(self.multipliers @ self.capacity[first])
-        for (count, _, _, allowed), prefix in zip(self.classes, self.prefix):
-            if allowed[last] == 0:
+        """The best bound, over the multipliers so far, of plans whose largest stream is in levels first..last."""
+        total = -(self.capacity[first] @ self.multipliers.T)  # [P]
+        extra = np.full(self.multipliers.shape[0], np.inf)
+        for k, c in enumerate(self.columns):
+            upto, at = self.upto[k][last], self.at[k][first]
+            if upto == 0:
                 return np.inf  # some class has no configuration streaming so little
-            total = total + count * prefix[allowed[last] - 1]
-        return float(total.max())
+            least = self.prefix[k][upto - 1]
+            total = total + c.count * least
+            if at < upto:
+                extra = np.minimum(extra, self.priced[k][at:upto].min(axis=0) - least)
+        return float((total + extra).max())
 
 
-def _multipliers(problem) -> np.ndarray:
-    """λ per tier (seconds per GiB) from the duals of the capacity rows of a solved LP (0 when unavailable)."""
-    out = []
-    for tier in TIERS:
-        pi = problem.get_constraint_by_name(f"mem_{tier}").pi
-        out.append(max(0.0, -float(pi)) if pi is not None and np.isfinite(pi) else 0.0)
-    return np.array(out)
+def _level_problem(costs: CostGraph, first: int, last: int, levels: np.ndarray, tiers: tuple[str, ...],
+                   multipliers: np.ndarray | None = None) -> LevelProblem:
+    """Levels first..last relaxed into one problem: configurations streaming up to levels[last], buffers reserved
+    for levels[first], at least one configuration streaming levels[first] or more."""
+    budgets = costs.budgets
+    host = max(cls.host_workspace_bytes for cls in costs.classes)
+    capacity = np.array([budgets.hbm_bytes - (budgets.prefetch_depth + 1) * int(levels[first]),
+                         budgets.ddr_bytes - host, budgets.cxl_bytes], dtype=np.int64)
+    return LevelProblem(level_bytes=int(levels[last]), reserve_bytes=int(levels[first]),
+                        tiers=tuple(TIERS.index(t) for t in tiers), capacity=capacity,
+                        tied_bytes=costs.tied_weight_bytes, multipliers=multipliers)
+
+
+def _level_lp(level: LevelProblem, columns: dict[str, ClassColumns]) -> np.ndarray | None:
+    """λ per GiB ([3], 0 for tiers left out) from the LP relaxation of a level problem (workspace left out, a tied
+    matrix credited in every tier: a relaxation), or None when even that is infeasible."""
+    tiers = list(level.tiers)
+    blocks, rows = [], []
+    for c in columns.values():
+        offered = useful_columns(c, level) if c.layer_class == "decoder" else np.flatnonzero(c.staging <= level.level_bytes)
+        if offered.size == 0:
+            return None
+        blocks.append((c, offered))
+    cost = np.concatenate([c.seconds[o] for c, o in blocks])
+    memory = np.concatenate([c.tier_bytes[o][:, tiers] for c, o in blocks]).T / GIB
+    equal = np.zeros((len(blocks), cost.size))
+    start = 0
+    for k, (c, o) in enumerate(blocks):
+        equal[k, start:start + o.size] = 1.0
+        rows.append(c.count)
+        start += o.size
+    capacity = (level.capacity[tiers] + level.tied_bytes) / GIB
+    result = solve_lp(cost, equal, rows, memory, capacity)
+    if result is None:
+        return None
+    out = np.zeros(3)
+    out[tiers] = result.capacity_duals
+    return out
+
+
+def _fits(costs: CostGraph, columns: dict[str, ClassColumns], counts: dict) -> bool:
+    """Whether a plan found for a relaxed interval also fits with the staging buffer its own largest stream needs."""
+    budgets = costs.budgets
+    used = np.zeros(3, dtype=np.int64)
+    staging = workspace = 0
+    ends = []
+    for (name, index), n in counts.items():
+        c = columns[name]
+        k = int(np.flatnonzero(c.index == index)[0])
+        used += n * c.tier_bytes[k]
+        staging = max(staging, int(c.staging[k]))
+        if c.uses_gpu[k]:
+            workspace = max(workspace, c.workspace_bytes)
+        if name != "decoder":
+            ends.append(int(c.weights_tier[k]))
+    if costs.tied_weight_bytes and len(ends) == 2 and ends[0] == ends[1] >= 0:
+        used[ends[0]] -= costs.tied_weight_bytes
+    used[0] += (budgets.prefetch_depth + 1) * staging + workspace
+    used[1] += max(cls.host_workspace_bytes for cls in costs.classes)
+    return bool((used <= np.array([budgets.hbm_bytes, budgets.ddr_bytes, budgets.cxl_bytes])).all())
 
 
 def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], options: SolverOptions) -> MasterSolution:
@@ -318,52 +402,148 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
         LiacError: unknown solver.
     """
     solver_name, solver = make_solver(options)
-    levels = _staging_levels(configs)
-    bounds = _LevelBounds(costs, configs, levels)
-    bound_tiers = _tiers_that_can_bind(costs, configs)
-    until = _useful_until(configs["decoder"], bound_tiers)
-    by_knapsack = applies(costs, bound_tiers)  # levels with HBM the only binding capacity: exact enumeration
-    # Branch and bound over intervals of staging levels, best bound first. A node (first, last, relaxed) covers
-    # the plans whose staging level is one of levels[first..last]; its LP relaxation offers every configuration
-    # streaming at most levels[last] while reserving only (p + 1)·levels[first], so it bounds them all, and a
-    # child's bound is at least its parent's.
-    heap = [(bounds.bound(0, len(levels) - 1), 0, len(levels) - 1, False)]
-    best = None  # (objective, counts, gap, proven optimal)
+    columns = _columns(costs, configs)
+    levels = np.array(_staging_levels(configs), dtype=np.int64)
+    tiers = _tiers_that_can_bind(costs, configs)
+    bounds = _Bounds(costs, columns, levels)
+    # Branch and bound over intervals of levels, best bound first. An interval's relaxation offers every
+    # configuration streaming up to its last level but reserves only its first level's buffers, so it bounds all
+    # its levels, and its children's bounds are at least its own. A popped interval whose bound the pool has since
+    # raised goes back; one without an LP gets its LP (whose duals bound every interval); one with an LP gets its
+    # relaxation solved exactly: nothing that beats the best plan closes it, a plan that also fits with its own
+    # buffers closes it (no plan of the interval is better), anything else splits it.
+    heap = [(bounds.bound(0, levels.size - 1), 0, levels.size - 1, False)]
+    best = None  # (objective, counts)
+    solved = np.full(levels.size, np.nan)  # per level: the lower bound a solve proved, where one closed it
+    priced = {}  # (first, last) → λ of the interval's LP
+    # A first plan, so that the search prunes from the start: the level with the least bound under the root LP's
+    # multipliers, solved exactly (its result also stands as that level's certificate).
+    root = _level_lp(_level_problem(costs, 0, levels.size - 1, levels, tiers), columns)
+    if root is not None:
+        bounds.add(root)
+        single = np.array([bounds.bound(j, j) for j in range(levels.size)])
+        j = int(np.argmin(single))
+        if np.isfinite(single[j]):
+            multipliers = _level_lp(_level_problem(costs, j, j, levels, tiers), columns)
+            if multipliers is not None:
+                bounds.add(multipliers)
+                problem = _level_problem(costs, j, j, levels, tiers, multipliers)
+                found, solved[j], _ = _solve_exactly(costs, configs, columns, problem, options, np.inf, True)
+                if found.counts:
+                    best = (found.seconds, found.counts)
     while heap:
         bound, first, last, relaxed = heapq.heappop(heap)
-        if not np.isfinite(bound) or (best is not None and _cannot_beat(bound, best)):
-            break
-        if not relaxed:  # tighten its bound: the LP, whose duals also bound every other interval
-            useful = _useful_at(configs["decoder"], until, levels[last])
-            problem, _, _ = _build(costs, configs, staging_level=(levels[first], levels[last]), relax=True,
-                                   useful=useful)
-            if _solve(problem, solver):
-                bounds.add(_multipliers(problem))
-                heapq.heappush(heap, (max(bound, float(pulp.value(problem.objective))), first, last, True))
-            continue  # an infeasible relaxation closes the interval
-        if first < last:
-            middle = (first + last) // 2
-            for low, high in ((first, middle), (middle + 1, last)):
-                heapq.heappush(heap, (max(bound, bounds.bound(low, high)), low, high, False))
+        if not np.isfinite(bound):
+            solved[first:last + 1] = np.inf
             continue
-        useful = _useful_at(configs["decoder"], until, levels[first])
-        if by_knapsack:
-            level = solve_level(costs, configs, levels[first], useful, None if best is None else best[0])
-            if level is not None:  # None: the enumeration grew too large, the ILP solver takes the level
-                if level.counts:
-                    best = (level.seconds, level.counts, 0.0, True)
+        if best is not None and _cannot_beat(bound, best):
+            heapq.heappush(heap, (bound, first, last, relaxed))
+            break
+        fresh = bounds.bound(first, last)
+        if fresh > bound * (1 + 1e-12) + 1e-300:
+            heapq.heappush(heap, (fresh, first, last, relaxed))
+            continue
+        if not relaxed:
+            multipliers = _level_lp(_level_problem(costs, first, last, levels, tiers), columns)
+            if multipliers is None:
+                solved[first:last + 1] = np.inf  # an infeasible relaxation closes the interval
                 continue
-        problem, count, _ = _build(costs, configs, staging_level=(levels[first], levels[first]), useful=useful)
-        cutoff = None if best is None else best[0] - 1e-9 * abs(best[0])
-        if not _solve(problem, solver if cutoff is None else make_solver(options, cutoff)[1]):
-            continue  # no plan at this level (or, with a cutoff, none better than the best)
-        value = float(pulp.value(problem.objective))
-        if best is None or value < cutoff:  # below the cutoff, the level was solved to optimality
-            counts = {key: int(round(var.value() or 0)) for key, var in count.items()}
-            best = (value, counts, _gap(problem, solver_name), problem.sol_status == pulp.LpSolutionOptimal)
+            bounds.add(multipliers)
+            priced[(first, last)] = multipliers
+            heapq.heappush(heap, (max(bound, bounds.bound(first, last)), first, last, True))
+            continue
+        problem = _level_problem(costs, first, last, levels, tiers, priced.get((first, last)))
+        cutoff = np.inf if best is None else best[0]
+        found, lower, settled = _solve_exactly(costs, configs, columns, problem, options, cutoff, first == last)
+        if first == last:
+            solved[first] = lower
+            if found is not None and found.counts and beats(found.seconds, cutoff):
+                best = (found.seconds, found.counts)
+            continue
+        if found is not None and not found.counts:
+            solved[first:last + 1] = cutoff  # nothing in the interval beats the best plan
+            continue
+        if found is not None and _fits(costs, columns, found.counts):
+            solved[first:last + 1] = found.seconds  # the interval's optimum
+            best = (found.seconds, found.counts)
+            continue
+        middle = (first + last) // 2
+        floor = bound if found is None else max(bound, found.seconds)
+        for low, high in ((first, middle), (middle + 1, last)):
+            heapq.heappush(heap, (max(floor, bounds.bound(low, high)), low, high, False))
     if best is None:
         _diagnose(costs, configs, solver)
-    return MasterSolution(counts=best[1], solver=solver_name, gap=best[2], proven=best[3])
+    for bound, first, last, _ in heap:  # closed by their bounds: a solved relaxation's, or the multipliers'
+        if bound > bounds.bound(first, last) * (1 + 1e-12):
+            solved[first:last + 1] = np.fmin(solved[first:last + 1], bound)
+    return MasterSolution(counts=best[1], solver=solver_name,
+                          certificate=Certificate(levels, solved, bounds.multipliers.copy()))
+
+
+def _solve_level_ilp(costs, configs, columns, level: LevelProblem, options: SolverOptions, cutoff: float,
+                     node_limit: int):
+    """A level problem through the ILP solver, with a node limit and the best plan as a cutoff (without the
+    requirement that a configuration stream at least the reserve: a relaxation for an interval of levels).
+    Returns (LevelSolution, a proven lower bound, whether the solver settled it)."""
+    useful = {int(columns["decoder"].index[k]) for k in useful_columns(columns["decoder"], level)}
+    problem, count, _ = _build(costs, configs, staging_level=(level.reserve_bytes, level.level_bytes), useful=useful)
+    limited = dataclasses.replace(options, node_limit=node_limit)
+    name, solver = make_solver(limited, None if not np.isfinite(cutoff) else cutoff - 1e-9 * abs(cutoff))
+    if not _solve(problem, solver):
+        if problem.status == pulp.LpStatusInfeasible or problem.sol_status == pulp.LpSolutionInfeasible:
+            return LevelSolution(np.inf, {}), cutoff, True  # nothing below the cutoff (or nothing at all)
+        return LevelSolution(np.inf, {}), _relaxed_bound(costs, configs, level, useful, options), False
+    value = float(pulp.value(problem.objective))
+    if not beats(value, cutoff):
+        return LevelSolution(np.inf, {}), cutoff, True  # stopped at the cutoff: nothing better
+    counts = {key: int(round(var.value() or 0)) for key, var in count.items() if round(var.value() or 0)}
+    if problem.sol_status == pulp.LpSolutionOptimal:
+        return LevelSolution(value, counts), value, True
+    bound = _solver_bound(problem, name)
+    return (LevelSolution(value, counts),
+            bound if bound is not None else _relaxed_bound(costs, configs, level, useful, options), False)
+
+
+def _solve_exactly(costs, configs, columns, level: LevelProblem, options: SolverOptions, cutoff: float,
+                   single: bool) -> tuple[LevelSolution | None, float, bool]:
+    """A level problem by deterministic work limits, cheap attempts first: the enumeration and the ILP solver
+    each with a small budget, then (a single level only) each with the full one. Returns (the best plan that beats
+    `cutoff`, or none; a proven lower bound; whether it is settled). None as the plan: an interval that the small
+    budgets did not settle (the caller splits it)."""
+    small_states, small_nodes = max(1, options.max_states // 40), max(1, options.node_limit // 50)
+    attempts = [("enumerate", small_states), ("ilp", small_nodes if single else max(1, small_nodes // 4))]
+    if single:
+        attempts += [("enumerate", options.max_states), ("ilp", options.node_limit)]
+    last = (None, -np.inf, False)
+    for method, budget in attempts:
+        if method == "enumerate":
+            try:
+                found = solve_level(level, columns, cutoff, budget)
+            except TooLarge:
+                continue
+            return found, min(found.seconds, cutoff), True
+        found, bound, settled = _solve_level_ilp(costs, configs, columns, level, options, cutoff, budget)
+        if settled:
+            return found, bound, True
+        last = (found, bound, False)
+    return last if single else (None, -np.inf, False)
+
+
+def _relaxed_bound(costs, configs, level: LevelProblem, useful: set[int], options: SolverOptions) -> float:
+    """The level's LP relaxation: a lower bound when the solver proved none."""
+    problem, _, _ = _build(costs, configs, staging_level=(level.reserve_bytes, level.level_bytes), relax=True,
+                           useful=useful)
+    _, solver = make_solver(options)
+    return float(pulp.value(problem.objective)) if _solve(problem, solver) else -np.inf
+
+
+def _solver_bound(problem, name: str) -> float | None:
+    """The lower bound the MILP solver proved (HiGHS reports it; CBC through pulp does not)."""
+    if name != "HiGHS":
+        return None
+    info = problem.solverModel.getInfo()
+    bound = float(info.mip_dual_bound)
+    return bound if np.isfinite(bound) else None
 
 
 def _size(num_bytes: float) -> str:
@@ -377,14 +557,15 @@ def _budget_flag(tier: str) -> str:
     return {"hbm": "--gpu-mem", "ddr": "--cpu-mem", "cxl": "--cxl-mem"}[tier]
 
 
-def check_capacity(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> None:
-    """Before solving: the least bytes the model needs in all tiers together must fit their budgets."""
+def check_capacity(costs: CostGraph, configs: dict[str, list[LayerConfig]] | None = None) -> None:
+    """Before solving: the bytes the model needs in all tiers together must fit their budgets (every configuration
+    of a class holds the same bytes, only in different tiers, so this needs no configurations); with `configs`,
+    every class must also have one the policy allows."""
     for cls in costs.classes:
-        if not configs[cls.layer_class]:
+        if configs is not None and not configs[cls.layer_class]:
             raise InfeasibleError("compile", f"no placement of the '{cls.layer_class}' layers is allowed by the "
                                   "policy and tiers", tier="", short_bytes=0)
-    need = sum(min(c.hbm_bytes + c.ddr_bytes + c.cxl_bytes for c in configs[cls.layer_class]) * cls.count
-               for cls in costs.classes)
+    need = sum((sum(cls.weight_bytes) + cls.kv_cache_bytes) * cls.count for cls in costs.classes)
     need += max(cls.host_workspace_bytes for cls in costs.classes) - costs.tied_weight_bytes  # host workspace; tie
     have = costs.budgets.hbm_bytes + costs.budgets.ddr_bytes + costs.budgets.cxl_bytes
     if need > have:

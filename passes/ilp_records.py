@@ -17,8 +17,12 @@ class SolverOptions:
     """How to solve; nothing about the problem itself (that is the CostGraph)."""
 
     solver: str = "auto"  # 'auto' (HiGHS when highspy is installed, else CBC), 'cbc' or 'highs'
-    time_limit_seconds: float = 120.0  # a safety net: the master problems solve in well under a second
     threads: int = 1  # one thread keeps runs deterministic
+    # Work limits, never time limits, so a result never depends on the machine's load: states one level's exact
+    # enumeration may generate before the ILP solver takes the level, and branch-and-bound nodes the ILP solver
+    # may explore there (past them the plan is reported 'feasible' with its proven gap).
+    max_states: int = 200_000
+    node_limit: int = 100_000
     policy: str | None = None  # None (free), a POLICIES name or 'whole' for both phases, or 'PREFILL/DECODE'
     max_split_units: int = 1  # split units per layer and phase (docs/cost-model.md §3: why one is enough)
 

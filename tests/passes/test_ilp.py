@@ -2,10 +2,10 @@
 
 The brute force below is written apart from passes/ilp.py and passes/costs.py's vectorised code: plain itertools
 over every (weights tier per unit, KV tier, prefill placement, decode placement) of every layer, where a unit's
-placement is the CPU, the GPU, or a split at a CPU share of the cost graph's grid (at most `max_split` split units
-per phase; of each split family only the time-optimal share, the rule of docs/cost-model.md §3), each evaluated
-from the CostGraph's numbers with its own loops (Eqs. 1-9, 15-17), then every combination over the layers, the
-embedding and the head checked against the capacities (Eqs. 10-12). No Pareto pruning, no solver, no symmetry.
+placement is the CPU, the GPU, or a split at any CPU share of the cost graph's grid (at most `max_split` split
+units per phase), each evaluated from the CostGraph's numbers with its own loops (Eqs. 1-9, 15-17), then every
+combination over the layers, the embedding and the head checked against the capacities (Eqs. 10-12). No Pareto
+pruning, no solver, no symmetry.
 """
 
 from __future__ import annotations
@@ -114,40 +114,30 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
 
 def phase_options(costs, cls, phase, unit_tier, max_split, policy_masks, cache):
     """Every allowed placement of one phase with its (seconds, staging): whole placements (the policy's, when
-    given) and, without a policy, up to `max_split` split units, of each split family the fastest share (ties:
-    the largest CPU share)."""
+    given) and, without a policy, up to `max_split` split units at every share of the grid."""
     units = len(cls.units)
     out = []
     whole = [tuple(1000 * (1 - g) for g in mask) for mask in policy_masks] if policy_masks is not None else \
         list(itertools.product((0, 1000), repeat=units))
-    for placement in whole:
+    candidates = list(whole)
+    if policy_masks is None and costs.split_permille:
+        for count in range(1, max_split + 1):
+            for chosen in itertools.combinations(range(units), count):
+                others = [u for u in range(units) if u not in chosen]
+                for rest in itertools.product((0, 1000), repeat=len(others)):
+                    for shares in itertools.product(costs.split_permille, repeat=count):
+                        placement = [0] * units
+                        for u, v in zip(others, rest):
+                            placement[u] = v
+                        for u, v in zip(chosen, shares):
+                            placement[u] = v
+                        candidates.append(tuple(placement))
+    for placement in candidates:
         key = (phase, unit_tier, placement)
         if key not in cache:
             cache[key] = eval_phase(costs, cls, phase, unit_tier, placement)
         if cache[key] is not None:
             out.append((placement, *cache[key]))
-    if policy_masks is not None or not costs.split_permille:
-        return out
-    for count in range(1, max_split + 1):
-        for chosen in itertools.combinations(range(units), count):
-            others = [u for u in range(units) if u not in chosen]
-            for rest in itertools.product((0, 1000), repeat=len(others)):
-                best = None
-                for shares in itertools.product(costs.split_permille, repeat=count):
-                    placement = [0] * units
-                    for u, v in zip(others, rest):
-                        placement[u] = v
-                    for u, v in zip(chosen, shares):
-                        placement[u] = v
-                    placement = tuple(placement)
-                    got = eval_phase(costs, cls, phase, unit_tier, placement)
-                    if got is None:
-                        continue
-                    rank = (got[0], -sum(placement))
-                    if best is None or rank < best[0]:
-                        best = (rank, placement, got)
-                if best is not None:
-                    out.append((best[1], *best[2]))
     return out
 
 

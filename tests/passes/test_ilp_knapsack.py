@@ -1,5 +1,6 @@
-"""The exact level knapsack (passes/ilp_knapsack.py): equals enumeration of every multiset of configurations, and
-equals the ILP solver on whole compiles; it gives up by a state count, not by time."""
+"""The exact level knapsack (passes/ilp_knapsack.py): equals enumeration of every multiset of configurations (one
+capacity or several, with or without a required column), and equals the ILP solver on whole compiles; it gives up
+by a state count, not by time."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from liac.profile import resolve_profile
 from liac.sizes import GIB
 
 
-def enumerate_best(sizes, seconds, layers, capacity):
-    """min Σ seconds over every multiset of `layers` configurations whose sizes fit, or None."""
+def enumerate_best(sizes, seconds, layers, capacity, required=None):
+    """min Σ seconds over every multiset of `layers` configurations whose sizes fit (every capacity) and that use
+    a required configuration, or None."""
+    sizes = np.asarray(sizes).reshape(len(seconds), -1)
+    capacity = np.asarray(capacity).reshape(-1)
     best = None
-    for combo in itertools.combinations_with_replacement(range(len(sizes)), layers):
-        if sum(sizes[c] for c in combo) <= capacity:
+    for combo in itertools.combinations_with_replacement(range(len(seconds)), layers):
+        if required is not None and not set(combo) & set(required):
+            continue
+        if (sum(sizes[c] for c in combo) <= capacity).all():
             value = sum(seconds[c] for c in combo)
             best = value if best is None else min(best, value)
     return best
@@ -43,37 +49,85 @@ def random_instance(rng):
     return np.array(sizes, dtype=np.int64), np.array(seconds), layers, capacity
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_knapsack_equals_enumeration(seed):
-    sizes, seconds, layers, capacity = random_instance(np.random.default_rng(seed))
-    expected = enumerate_best(sizes, seconds, layers, capacity)
-    value, counts = ilp_knapsack.knapsack(sizes, seconds, layers, capacity)
+def check_knapsack(sizes, seconds, layers, capacity, required=None):
+    expected = enumerate_best(sizes, seconds, layers, capacity, required)
+    value, counts = ilp_knapsack.knapsack(sizes, seconds, layers, capacity, required=required)
     if expected is None:
         assert counts is None and value == np.inf
         return
+    matrix = np.asarray(sizes).reshape(len(seconds), -1)
     assert value == pytest.approx(expected, rel=1e-12)
     assert counts.sum() == layers and (counts >= 0).all()
-    assert int(counts @ sizes) <= capacity
+    assert (counts @ matrix <= np.asarray(capacity).reshape(-1)).all()
     assert float(counts @ seconds) == pytest.approx(value, rel=1e-12)
+    if required is not None:
+        assert counts[list(required)].sum() >= 1
     # a cutoff at the optimum leaves nothing to find; one above it finds the optimum again
-    assert ilp_knapsack.knapsack(sizes, seconds, layers, capacity, cutoff=expected)[1] is None
-    again, _ = ilp_knapsack.knapsack(sizes, seconds, layers, capacity, cutoff=expected * 1.01 + 1e-6)
+    assert ilp_knapsack.knapsack(sizes, seconds, layers, capacity, cutoff=expected, required=required)[1] is None
+    again, _ = ilp_knapsack.knapsack(sizes, seconds, layers, capacity, cutoff=expected * 1.01 + 1e-6,
+                                     required=required)
     assert again == pytest.approx(expected, rel=1e-12)
 
 
-def test_knapsack_gives_up_by_state_count():
-    """Many near-twins and many layers: a small state cap raises (the level then goes to the ILP solver); without
-    the cap the same instance is solved to a plan that fits."""
-    rng = np.random.default_rng(7)
-    base = rng.integers(100, 1000, 5)
+@pytest.mark.parametrize("seed", range(60))
+def test_knapsack_equals_enumeration(seed):
+    check_knapsack(*random_instance(np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("seed", range(60, 90))
+def test_knapsack_with_a_required_column_equals_enumeration(seed):
+    """A level's plans must use a configuration streaming the level (Eq. 12'): at least one required column."""
+    rng = np.random.default_rng(seed)
+    sizes, seconds, layers, capacity = random_instance(rng)
+    required = sorted({int(c) for c in rng.integers(0, len(sizes), int(rng.integers(1, 3)))})
+    check_knapsack(sizes, seconds, layers, capacity, required)
+
+
+@pytest.mark.parametrize("seed", range(90, 120))
+def test_knapsack_with_two_capacities_equals_enumeration(seed):
+    """HBM and DDR (or CXL) both bind: the multi-capacity enumeration and its LP (passes/ilp_lp.py)."""
+    rng = np.random.default_rng(seed)
+    sizes, seconds, layers, capacity = random_instance(rng)
+    other = rng.integers(0, 1000, len(sizes))
+    matrix = np.column_stack([sizes, other]).astype(np.int64)
+    second = int(rng.uniform(other.min(), other.max() + 1) * layers)
+    required = [int(rng.integers(0, len(sizes)))] if seed % 3 == 0 else None
+    check_knapsack(matrix, seconds, layers, np.array([capacity, second]), required)
+
+
+def test_group_relaxation_settles_a_hard_instance():
+    """Near-twin configurations (a few bytes apart) and many layers: the group relaxation (Gomory) settles it
+    with few labels where the state enumeration alone exceeds a small cap."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(100, 1000, 6)
     sizes = np.concatenate([base, base + 3]).astype(np.int64)
-    seconds = np.concatenate([rng.uniform(0.5, 1.5, 5), np.zeros(5)])
-    seconds[5:] = seconds[:5] - 0.001
-    layers, capacity = 40, int(np.sort(base)[2] * 40)
-    with pytest.raises(ilp_knapsack._TooLarge):
-        ilp_knapsack.knapsack(sizes, seconds, layers, capacity, max_states=50)
-    value, counts = ilp_knapsack.knapsack(sizes, seconds, layers, capacity)
-    assert counts.sum() == layers and int(counts @ sizes) <= capacity
+    seconds = np.concatenate([rng.uniform(0.5, 1.5, 6), np.zeros(6)])
+    seconds[6:] = seconds[:6] - 0.001
+    layers, capacity = 60, int(np.sort(base)[3] * 60)
+    value, counts = ilp_knapsack.knapsack(sizes, seconds, layers, capacity, max_states=50)
+    assert counts is not None and counts.sum() == layers and int(counts @ sizes) <= capacity
+    search = ilp_knapsack._Search(sizes[:, None], seconds, layers, np.array([capacity]), np.zeros(1),
+                                  float(seconds.min()), [], 50)
+    with pytest.raises(ilp_knapsack.TooLarge):  # the plain enumeration, same cap
+        search.run([int(c) for c in np.argsort(seconds)], seconds - seconds.min(), np.inf)
+
+
+def test_knapsack_gives_up_by_state_count():
+    """Two capacities (no group relaxation) and many near-twins: a small state cap raises (the level then goes to
+    the ILP solver); without the cap the same instance is solved to a plan that fits."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(100, 1000, 6)
+    sizes = np.concatenate([base, base + 3]).astype(np.int64)
+    other = np.concatenate([base[::-1], base[::-1] + 2]).astype(np.int64)
+    seconds = np.concatenate([rng.uniform(0.5, 1.5, 6), np.zeros(6)])
+    seconds[6:] = seconds[:6] - 0.001
+    layers = 40
+    capacity = np.array([int(np.sort(base)[3] * layers)] * 2)
+    matrix = np.column_stack([sizes, other])
+    with pytest.raises(ilp_knapsack.TooLarge):
+        ilp_knapsack.knapsack(matrix, seconds, layers, capacity, max_states=50)
+    value, counts = ilp_knapsack.knapsack(matrix, seconds, layers, capacity)
+    assert counts.sum() == layers and (counts @ matrix <= capacity).all()
     assert float(counts @ seconds) == pytest.approx(value, rel=1e-12)
 
 
@@ -92,16 +146,19 @@ def test_compiles_with_the_knapsack_equal_the_ilp_solver(monkeypatch, model, pro
 
     def spy(*args, **kwargs):
         out = solve_level(*args, **kwargs)
-        closed.append(out is not None)
+        closed.append(out)
         return out
 
     monkeypatch.setattr(ilp_master, "solve_level", spy)
     with_knapsack, report = solve_placement(costs, SolverOptions(solver="highs"))
-    assert any(closed) and report.status == "optimal" and report.gap == 0.0
-    monkeypatch.setattr(ilp_master, "applies", lambda *args: False)
-    closed.clear()
+    assert closed and report.status == "optimal" and report.gap == 0.0
+
+    def refuse(*args, **kwargs):
+        raise ilp_knapsack.TooLarge()
+
+    monkeypatch.setattr(ilp_master, "solve_level", refuse)
     with_solver, solver_report = solve_placement(costs, SolverOptions(solver="highs"))
-    assert not closed and solver_report.status == "optimal"
+    assert solver_report.status == "optimal"
     assert report.objective_seconds == pytest.approx(solver_report.objective_seconds, rel=1e-9)
     for tier in ("hbm", "ddr"):
         assert with_knapsack.tier_used_bytes(tier, budgets.prefetch_depth) <= getattr(budgets, f"{tier}_bytes")
