@@ -5,16 +5,20 @@ A column formulation that exploits layer symmetry (docs/cost-model.md §3). Per 
 1. enumerate tier vectors: a tier (hbm/ddr/cxl) for each unit's weights and for the KV cache;
 2. for each, price every placement per phase (numpy, `price.layer_time`): all 2^U whole placements, and those
    where up to `max_split_units` weight GEMM units with weights off HBM split their output features between the
-   CPU and the GPU at a share of the CostGraph's grid; keep the Pareto front over (phase seconds, staging bytes,
-   uses the GPU);
+   CPU and the GPU at every share of the CostGraph's grid; keep the front over (phase seconds, staging bytes,
+   uses the GPU): a placement goes only when another is no slower (up to float noise, `TIE_RELATIVE`) and needs
+   no more staging and no more GPU;
 3. combine the fronts into layer *configurations* (tiers, prefill placement, decode placement) with their
-   objective contribution and bytes per tier, and drop dominated ones.
+   objective contribution and bytes per tier, and drop those another one beats in everything a constraint can
+   bind on.
 
-The PuLP master problem (passes/ilp_master.py) then picks how many decoder layers take each configuration (integer
+The master problem (passes/ilp_master.py) then picks how many decoder layers take each configuration (integer
 counts summing to N) and one configuration each for the embedding and the LM head, under every tier's capacity,
-with the staging buffer and the GPU workspace counted once (Eqs. 10-13), solved per staging level. Each layer's
-cost depends only on its own configuration (steady-state pricing, approximation A1), so the optimum over
-configurations is the optimum over every per-layer assignment: the gap is 0. Imports neither torch nor the models.
+with the staging buffer and the GPU workspace counted once (Eqs. 10-13), searching the staging levels under
+count-based work limits. Each layer's cost depends only on its own configuration (steady-state pricing,
+approximation A1), so the optimum over configurations is the optimum over every per-layer assignment;
+passes/ilp_check.py re-prices the answer, checks the budgets and reports the gap the search proved (0 unless a
+work limit left a level open). Imports neither torch nor the models.
 
     assignment, report = solve_placement(costs, SolverOptions())
     report.status, report.gap      # 'optimal', 0.0
@@ -107,7 +111,7 @@ class SolverReport:
     name: str  # 'HiGHS' or 'PULP_CBC_CMD'
     status: str  # 'optimal' (proven) or 'feasible'
     objective_seconds: float
-    gap: float  # relative gap proven by the solver
+    gap: float  # (objective − proven lower bound) / objective; 0 when within 1e-9 (passes/ilp_check.py)
     seconds: float  # wall time of column generation and solve (never written into a plan)
     policy: str  # 'optimal' when unrestricted, else the policy name
     configurations: int  # decoder configurations offered to the master problem

@@ -149,9 +149,8 @@ def solve_level(level: LevelProblem, columns: dict[str, ClassColumns], cutoff: f
             break  # neither this combination nor any after it can beat the best plan
         chosen, _, _, at_level = branches[decoder_gpu]
         while True:
-            value, counts = knapsack(decoder.tier_bytes[chosen][:, tracked], decoder.seconds[chosen],
-                                     decoder.count, capacity[tracked], best.seconds - end_seconds, max_states,
-                                     None if end_at_level else at_level)
+            value, counts = _decoder_knapsack(decoder, chosen, tracked, capacity, best.seconds - end_seconds,
+                                              max_states, None if end_at_level else at_level)
             if counts is None:
                 break
             over = [t for t in level.tiers if counts @ decoder.tier_bytes[chosen][:, t] > capacity[t]]
@@ -164,6 +163,24 @@ def solve_level(level: LevelProblem, columns: dict[str, ClassColumns], cutoff: f
         plan.update({("decoder", int(decoder.index[chosen[k]])): int(n) for k, n in enumerate(counts) if n})
         best, found = LevelSolution(end_seconds + value, plan), True
     return best if found else LevelSolution(np.inf, {})
+
+
+def _decoder_knapsack(decoder: ClassColumns, chosen: np.ndarray, tracked: list[int], capacity: np.ndarray,
+                      cutoff: float, max_states: int, required):
+    """The decoder's knapsack over the tracked tiers. Without CXL every configuration holds the same bytes in HBM
+    and DDR together, so a DDR capacity is a floor on the HBM bytes: one capacity with a floor, which the group
+    relaxation settles in most cases; otherwise (or when it does not) both tiers are enumerated."""
+    sizes = decoder.tier_bytes[chosen]
+    if tracked == [0, 1] and not sizes[:, 2].any():
+        total = sizes[:, 0] + sizes[:, 1]
+        if (total == total[0]).all():
+            floor = decoder.count * int(total[0]) - int(capacity[1])
+            value, counts = knapsack(sizes[:, 0], decoder.seconds[chosen], decoder.count, capacity[0], cutoff,
+                                     max_states, required, floor=floor)
+            if value is not None:
+                return value, counts
+    return knapsack(sizes[:, tracked], decoder.seconds[chosen], decoder.count, capacity[tracked], cutoff,
+                    max_states, required)
 
 
 def useful_columns(decoder: ClassColumns, level: LevelProblem) -> np.ndarray:
@@ -211,9 +228,13 @@ def _pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
 
 
 def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity, cutoff: float = np.inf,
-             max_states: int = MAX_STATES, required: np.ndarray | None = None) -> tuple[float, np.ndarray | None]:
+             max_states: int = MAX_STATES, required: np.ndarray | None = None,
+             floor: int | None = None) -> tuple[float | None, np.ndarray | None]:
     """min Σ seconds_c·n_c  s.t.  Σ n_c = layers, Σ sizes_c·n_c ≤ capacity (per column of sizes), n_c ≥ 0 integer,
     and, with `required` (column indices), n_c ≥ 1 for at least one of them.
+
+    With `floor` (one capacity only), also Σ sizes_c·n_c ≥ floor; only the group relaxation handles it, and
+    (None, None) means it did not settle the problem (the caller then tracks the floor's tier as a capacity).
 
     `sizes` is [K] (one capacity) or [K, m] with `capacity` [m], in bytes (integers). Returns (seconds, counts) of
     the optimum when it beats `cutoff` (by more than the 1e-9 relative tolerance), else (inf, None). See the
@@ -228,6 +249,8 @@ def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity, cuto
     seconds = np.asarray(seconds, dtype=np.float64)
     count = seconds.size
     counts = np.zeros(count, dtype=np.int64)
+    if floor is not None and floor <= 0:
+        floor = None  # the floor cannot bind
     if required is not None and (layers == 0 or len(required) == 0):
         return np.inf, None
     if layers == 0:
@@ -235,30 +258,35 @@ def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity, cuto
     fits = np.flatnonzero((sizes * layers <= capacity).all(axis=1))
     if fits.size:  # the fastest configuration that fits in every layer: nothing to trade
         j = fits[np.lexsort((fits, seconds[fits]))[0]]
-        if seconds[j] <= seconds.min() and (required is None or j in set(int(r) for r in required)):
+        if seconds[j] <= seconds.min() and (required is None or j in set(int(r) for r in required)) and \
+                (floor is None or int(sizes[j].sum()) * layers >= floor):
             counts[j] = layers
             value = float(seconds[j] * layers)
             return (value, counts) if beats(value, cutoff) else (np.inf, None)
     relaxed = _relaxation(sizes, seconds, layers, capacity)
     if relaxed is None:
         return np.inf, None  # the LP relaxation is infeasible, so is every integer plan
+    if floor is not None and len(relaxed[1]) != 2:
+        return None, None
     multipliers, basis = relaxed
     priced = seconds + sizes @ multipliers
-    floor = float(priced.min())  # φ: the least seconds a layer costs at these prices
-    reduced = np.maximum(priced - floor, 0.0)
+    least = float(priced.min())  # φ: the least seconds a layer costs at these prices
+    reduced = np.maximum(priced - least, 0.0)
     if sizes.shape[1] == 1 and len(basis) == 2:
         grouped = _group_relaxation(sizes[:, 0], seconds, layers, int(capacity[0]), basis, float(multipliers[0]),
-                                    floor, reduced, cutoff, required, max_states)
+                                    least, reduced, cutoff, required, max_states, floor)
         if grouped is not None:
             return grouped
+    if floor is not None:
+        return None, None
     completing = basis[:2]  # completed in closed form; other basic columns are enumerated first (r = 0)
     others = [c for c in basis[2:]] + [int(c) for c in np.argsort(reduced, kind="stable") if c not in basis]
-    search = _Search(sizes, seconds, layers, capacity, multipliers, floor, completing, max_states)
+    search = _Search(sizes, seconds, layers, capacity, multipliers, least, completing, max_states)
     return search.run(others, reduced, cutoff, None if required is None else np.asarray(required, dtype=np.int64))
 
 
-def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: float, floor: float, reduced,
-                      cutoff: float, required, max_states: int):
+def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: float, least: float, reduced,
+                      cutoff: float, required, max_states: int, floor: int | None = None):
     """One capacity: the knapsack through its group relaxation (Gomory), or None when that does not settle it.
 
     With the LP's basic columns a (fewer bytes) and b, every plan costs N·φ − λ·C + Σ r_c·n_c + λ·slack, and once
@@ -273,7 +301,8 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
     span = int(sizes[b]) - int(sizes[a])
     if span <= 0:
         return None
-    relaxed_value = layers * floor - slope * capacity  # the LP optimum
+    relaxed_value = layers * least - slope * capacity  # the LP optimum
+    spare = np.inf if floor is None else capacity - floor  # the most slack a plan may leave (a floor on bytes)
     limit = cutoff - relaxed_value if np.isfinite(cutoff) else np.inf  # what Σ r + λ·slack must stay below
     base = capacity - int(sizes[a]) * layers
     offset = [(int(v) - int(sizes[a])) % span for v in sizes]
@@ -301,8 +330,9 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
         settled += 1
         if settled > max_states:
             return None
-        total = cost + slope * ((base - residue) % span)
-        if total < best:
+        slack = (base - residue) % span
+        total = cost + slope * slack
+        if total < best and slack <= spare:
             best, best_residue = total, residue
         for c in items:
             step = cost + reduced[c]
@@ -333,7 +363,8 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
     if wanted_later is not None and not any(counts[c] for c in wanted_later):
         return None
     value = float(counts @ seconds)
-    if value > relaxed_value + best + 1e-9 * abs(value) or int(counts @ sizes) > capacity:
+    used = int(counts @ sizes)
+    if value > relaxed_value + best + 1e-9 * abs(value) or used > capacity or (floor is not None and used < floor):
         return None  # the completion hit a bound of a or b: the relaxation's optimum is not a plan
     return (value, counts) if beats(value, cutoff) else (np.inf, None)
 

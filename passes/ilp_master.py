@@ -2,13 +2,15 @@
 
 `passes/ilp.py` generates each layer class's configurations (the columns); this module chooses how many layers
 take each, under every tier's capacity, with the staging buffer and the GPU workspace counted once
-(docs/cost-model.md §3). The staging buffer is sized by the largest configuration in use, so the master problem is
-solved per staging level S (Eq. 12'): a branch and bound over intervals of levels, best bound first, with bounds
-from Lagrange multipliers (every LP's duals) and LP relaxations, and each level's small ILP solved with the best
-plan so far as a cutoff. When nothing fits, an elastic copy names the binding tier and its shortfall.
+(docs/cost-model.md §3). The staging buffer is sized by the largest configuration in use, so the search runs over
+intervals of staging levels (Eq. 12'), best bound first: Lagrangian bounds from the duals of small LPs
+(passes/ilp_lp.py), then each interval's relaxation solved exactly (passes/ilp_knapsack.py's group relaxation and
+enumeration, or the ILP solver), each under a count-based work limit, never a time limit. It returns the counts
+and a certificate of what closed every level, which passes/ilp_check.py turns into the proven gap. When nothing
+fits, an elastic copy names the binding tier and its shortfall.
 
     solution = solve_master(costs, configs, SolverOptions())
-    solution.counts[("decoder", 3)], solution.gap   # layers taking decoder configuration 3; 0.0
+    solution.counts[("decoder", 3)], solution.certificate   # layers taking decoder configuration 3
 """
 
 from __future__ import annotations
@@ -231,17 +233,6 @@ def _solve(problem, solver) -> bool:
         problem.solve(solver)
     return problem.status == pulp.LpStatusOptimal and problem.sol_status in (pulp.LpSolutionOptimal,
                                                                             pulp.LpSolutionIntegerFeasible)
-
-
-def _gap(problem, solver_name: str) -> float:
-    """The relative gap the solver proved; below 1e-12 it is the rounding of the bound (the solves run at 1e-9
-    tolerances), reported as 0."""
-    if solver_name == "HiGHS":
-        info = problem.solverModel.getInfo()
-        gap = max(0.0, float(info.mip_gap)) if np.isfinite(info.mip_gap) else 0.0
-        return 0.0 if gap < 1e-12 else gap
-    # CBC through pulp reports no bound: an unproven answer is all we can say
-    return 0.0 if problem.sol_status == pulp.LpSolutionOptimal else 1.0
 
 
 def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> tuple[str, ...]:

@@ -95,6 +95,26 @@ def test_knapsack_with_two_capacities_equals_enumeration(seed):
     check_knapsack(matrix, seconds, layers, np.array([capacity, second]), required)
 
 
+@pytest.mark.parametrize("seed", range(120, 160))
+def test_knapsack_with_a_floor_equals_enumeration(seed):
+    """Without CXL a DDR capacity is a floor on the HBM bytes: settled by the group relaxation or declined (None),
+    never wrong."""
+    rng = np.random.default_rng(seed)
+    sizes, seconds, layers, capacity = random_instance(rng)
+    floor = int(capacity * rng.uniform(0.6, 1.0))
+    total = max(sizes) + 1
+    expected = enumerate_best(np.column_stack([sizes, total - sizes]), seconds, layers,
+                              np.array([capacity, layers * total - floor]))
+    value, counts = ilp_knapsack.knapsack(sizes, seconds, layers, capacity, floor=floor)
+    if value is None:
+        return  # declined: the caller enumerates both tiers
+    if expected is None:
+        assert counts is None
+        return
+    assert value == pytest.approx(expected, rel=1e-12)
+    assert floor <= int(counts @ sizes) <= capacity and counts.sum() == layers
+
+
 def test_group_relaxation_settles_a_hard_instance():
     """Near-twin configurations (a few bytes apart) and many layers: the group relaxation (Gomory) settles it
     with few labels where the state enumeration alone exceeds a small cap."""
