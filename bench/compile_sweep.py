@@ -1,6 +1,13 @@
-"""Benchmark: compile OPT-175B on spr-h100 for batch 1..256 (the speed goal: ≤ 10 s on the 2-core dev machine).
+"""Benchmark: compile sweeps 1..256 on every shipped profile (the speed goal: ≤ 10 s per sweep on the 2-core dev
+machine, each point proven optimal).
 
-    /tmp/venv/bin/python bench/compile_sweep.py            # writes bench/results/compile-sweep.json
+    .venv/bin/python bench/compile_sweep.py                      # every section → bench/results/compile-sweep.json
+    .venv/bin/python bench/compile_sweep.py --sections profiles  # only the profile × model sweeps
+
+The profile section compiles OPT-175B, Llama-3.1-405B and Mixtral-8x7B at batch 1..256 (prompt 128, gen 32,
+default budgets, HiGHS) on every shipped profile: per point the seconds of cost pricing, column generation + master
+solve and plan emission, the status and proven gap; per sweep the total and whether the goal is met. The tracer
+runs once per model and is timed apart. A point the budgets cannot hold fails fast (no columns are generated).
 
 For each solver (HiGHS, CBC) it times the tracer once, then every point's cost pricing, column generation + master
 solve and plan emission, and records each point's solver status, proven gap, objective and placements; a third
@@ -160,10 +167,92 @@ def _split_decisions() -> dict:
                     "cpu_ddr_read_gb_per_s (the CPU alone saturates DDR)", "rows": rows}
 
 
+PROFILE_MODELS = ("opt-175b", "llama-3.1-405b", "mixtral-8x7b")
+
+
+def _profile_sweeps(batches) -> dict:
+    """Every shipped profile × PROFILE_MODELS: the sweep's seconds per point, status and gap."""
+    from liac.errors import InfeasibleError
+    from liac.models import ZOO
+    from liac.passes.costs import TierBudgets, Workload, annotate_costs
+    from liac.passes.emit import emit_plan
+    from liac.passes.ilp import SolverOptions, solve_placement
+    from liac.passes.trace import trace_model
+    from liac.profile import profile_names, resolve_profile
+
+    rows = []
+    for model in PROFILE_MODELS:
+        cfg = ZOO[model]
+        start = time.perf_counter()
+        graph = trace_model(cfg)
+        trace_seconds = time.perf_counter() - start
+        for name in profile_names():
+            hw = resolve_profile(name)
+            budgets = TierBudgets(hw.gpu_budget_bytes, hw.cpu_budget_bytes, hw.cxl_budget_bytes)
+            points = []
+            for batch in batches:
+                start = time.perf_counter()
+                try:
+                    costs = annotate_costs(graph, hw, Workload(batch, 128, 32), budgets)
+                    assignment, report = solve_placement(costs, SolverOptions(solver="highs"))
+                    emit_plan(costs, assignment, report, cfg, "latency")
+                    point = {"status": report.status, "gap": report.gap,
+                             "objective_seconds": round(report.objective_seconds, 6),
+                             "configurations": report.configurations}
+                except InfeasibleError as e:
+                    point = {"status": "infeasible", "reason": e.message}
+                point = {"batch_size": batch, "seconds": round(time.perf_counter() - start, 3), **point}
+                points.append(point)
+                gap = f" gap={point['gap']:g}" if "gap" in point else ""
+                print(f"  {model:15s} {name:14s} B={batch:4d} {point['seconds']:7.2f} s  {point['status']}{gap}",
+                      flush=True)
+            total = sum(p["seconds"] for p in points)
+            proven = all(p["status"] in ("optimal", "infeasible") for p in points)
+            rows.append({"model": model, "profile": name, "trace_seconds": round(trace_seconds, 3),
+                         "compile_seconds_total": round(total, 3), "all_proven": proven,
+                         "goal_met": proven and total <= GOAL_SECONDS, "points": points})
+            print(f"{model} on {name}: {total:.2f} s for {len(points)} points, "
+                  f"{'all proven' if proven else 'NOT all proven'}", flush=True)
+    return {"what": "liac compile sweeps, prompt 128, gen 32, default budgets, HiGHS; seconds per point = "
+                    "annotate_costs + solve_placement + emit_plan (the tracer once per model, apart)",
+            "goal_seconds": GOAL_SECONDS, "sweeps": rows}
+
+
+SECTIONS = ("profiles", "solvers", "trend", "split", "decisions")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile-sweep.json"))
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {', '.join(SECTIONS)} (default: all); the others are kept "
+                             "from an existing --out file")
     args = parser.parse_args(argv)
+    sections = [name for name in args.sections.split(",") if name]
+    unknown = [name for name in sections if name not in SECTIONS]
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)}: must be among {', '.join(SECTIONS)}")
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    batches = [2**k for k in range(9)]
+    result["machine"] = _machine()
+    result["goal_seconds"] = GOAL_SECONDS
+    if "profiles" in sections:
+        result["profile_sweeps"] = _profile_sweeps(batches)
+    if any(name in sections for name in ("solvers", "trend")):
+        result.update(_opt175b_sections(sections, batches))
+    if "split" in sections:
+        result["split_sweep"] = _split_sweep(batches)
+    if "decisions" in sections:
+        result["split_decisions"] = _split_decisions()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def _opt175b_sections(sections, batches) -> dict:
+    """OPT-175B on spr-h100: each solver and --policy whole over 1..256, and the trend sweep to 2048."""
 
     from liac.models import ZOO
     from liac.passes.costs import TierBudgets
@@ -176,37 +265,29 @@ def main(argv: list[str] | None = None) -> int:
     trace_seconds = time.perf_counter() - start
     print(f"trace opt-175b: {trace_seconds:.2f} s", flush=True)
     budgets = TierBudgets(hw.gpu_budget_bytes, hw.cpu_budget_bytes, hw.cxl_budget_bytes)
-    batches = [2**k for k in range(9)]
-    runs = {}
-    for name, solver, policy in (("highs", "highs", None), ("cbc", "cbc", None), ("highs-whole", "highs", "whole")):
-        points = _sweep(graph, cfg, hw, batches, solver, budgets, policy)
-        total = sum(p["seconds"] for p in points)
-        runs[name] = {"points": points, "compile_seconds_total": round(total, 3), "policy": policy or "optimal",
-                      "all_optimal": all(p["status"] == "optimal" and p["gap"] == 0 for p in points),
-                      "goal_met": total <= GOAL_SECONDS}
-        print(f"{name}: {total:.2f} s for {len(points)} points (goal {GOAL_SECONDS} s)", flush=True)
-    objectives = {s: [p["objective_seconds"] for p in r["points"]] for s, r in runs.items()}
-    trend_budgets = TierBudgets(hw.gpu_budget_bytes, 4 * 2**40, 0)
-    trend = _sweep(graph, cfg, hw, [1, 16, 256, 512, 1024, 2048], "highs", trend_budgets)
-    split = _split_sweep(batches)
-    decisions = _split_decisions()
-    result = {
-        "what": "liac compile, opt-175b on spr-h100, prompt 128, gen 32, objective latency; seconds per point = "
-                "annotate_costs + solve_placement + emit_plan (the tracer runs once per model, timed apart)",
-        "machine": _machine(),
-        "trace_seconds": round(trace_seconds, 3),
-        "goal_seconds": GOAL_SECONDS,
-        "solvers": runs,
-        "solvers_agree": all(abs(a - b) <= 1e-6 * max(a, 1e-9) for a, b in zip(objectives["highs"], objectives["cbc"])),
-        "trend_sweep": {"note": "DDR budget 4 TiB (the paper's analytical points); where decode moves the weight "
-                                "GEMMs to the GPU", "points": trend},
-        "split_sweep": split,
-        "split_decisions": decisions,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+    out = {"trace_seconds": round(trace_seconds, 3)}
+    if "solvers" in sections:
+        runs = {}
+        for name, solver, policy in (("highs", "highs", None), ("cbc", "cbc", None), ("highs-whole", "highs", "whole")):
+            points = _sweep(graph, cfg, hw, batches, solver, budgets, policy)
+            total = sum(p["seconds"] for p in points)
+            runs[name] = {"points": points, "compile_seconds_total": round(total, 3), "policy": policy or "optimal",
+                          "all_optimal": all(p["status"] == "optimal" and p["gap"] == 0 for p in points),
+                          "goal_met": total <= GOAL_SECONDS}
+            print(f"{name}: {total:.2f} s for {len(points)} points (goal {GOAL_SECONDS} s)", flush=True)
+        objectives = {s: [p["objective_seconds"] for p in r["points"]] for s, r in runs.items()}
+        out.update({
+            "what": "liac compile, opt-175b on spr-h100, prompt 128, gen 32, objective latency; seconds per point = "
+                    "annotate_costs + solve_placement + emit_plan (the tracer runs once per model, timed apart)",
+            "solvers": runs,
+            "solvers_agree": all(abs(a - b) <= 1e-6 * max(a, 1e-9)
+                                 for a, b in zip(objectives["highs"], objectives["cbc"]))})
+    if "trend" in sections:
+        trend_budgets = TierBudgets(hw.gpu_budget_bytes, 4 * 2**40, 0)
+        out["trend_sweep"] = {"note": "DDR budget 4 TiB (the paper's analytical points); where decode moves the "
+                                      "weight GEMMs to the GPU",
+                              "points": _sweep(graph, cfg, hw, [1, 16, 256, 512, 1024, 2048], "highs", trend_budgets)}
+    return out
 
 
 if __name__ == "__main__":
