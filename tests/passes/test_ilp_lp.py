@@ -14,7 +14,7 @@ from liac.passes.ilp_lp import solve_lp
 
 def _reference(cost, groups, counts, rows, capacity):
     problem = pulp.LpProblem("lp", pulp.LpMinimize)
-    x = [pulp.LpVariable(f"x{i}", 0) for i in range(cost.size)]
+    x = [problem.add_variable(f"x{i}", lowBound=0) for i in range(cost.size)]
     problem += pulp.lpSum(cost[i] * x[i] for i in range(cost.size))
     for k, count in enumerate(counts):
         problem += pulp.lpSum(x[i] for i in range(cost.size) if groups[i] == k) == count

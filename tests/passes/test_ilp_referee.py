@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hand_graphs import hand_graph
 from referee import referee_optimum
@@ -77,11 +78,11 @@ def test_tight_hbm_keeps_a_slower_share_that_streams_less():
     goes to the one streaming less."""
     seconds = [1.0, 1.1, 1.0 + 1e-16, 2.0]
     staging = [10.0, 5.0, 4.0, 1.0]
-    kept = _front(__import__("numpy").array(seconds), __import__("numpy").array(staging),
-                  __import__("numpy").array([True, True, True, True]))
+    kept = _front(np.array(seconds), np.array(staging),
+                  np.array([True, True, True, True]))
     assert list(kept) == [2, 3]  # 0 ties with 2, which streams less; 1 is beaten by 2; 3 streams least
-    kept = _front(__import__("numpy").array([1.0, 1.1]), __import__("numpy").array([10.0, 5.0]),
-                  __import__("numpy").array([True, True]))
+    kept = _front(np.array([1.0, 1.1]), np.array([10.0, 5.0]),
+                  np.array([True, True]))
     assert list(kept) == [0, 1]
 
 
