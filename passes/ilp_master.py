@@ -72,8 +72,8 @@ def make_solver(options: SolverOptions, cutoff: float | None = None):
         # Tight tolerances: at HiGHS's defaults (1e-6) the proof of optimality is only good to ~1e-6 relative.
         extra = {} if cutoff is None else {"objective_bound": cutoff}
         return "HiGHS", _HiGHS(msg=False, gapRel=0.0, gapAbs=0.0, threads=options.threads,
-                                   mip_max_nodes=options.node_limit, mip_feasibility_tolerance=1e-9,
-                                   primal_feasibility_tolerance=1e-9, **extra)
+                               mip_max_nodes=options.node_limit, mip_feasibility_tolerance=1e-9,
+                               primal_feasibility_tolerance=1e-9, **extra)
     if name == "cbc":
         with warnings.catch_warnings():  # pulp 3.3 warns that 4.0 unbundles CBC; the bundled one is what we use
             warnings.simplefilter("ignore", DeprecationWarning)
