@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -37,7 +36,7 @@ from liac.errors import LiacError
 from liac.passes.costs import ClassCosts, CostGraph
 from liac.passes.ilp_check import check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
-from liac.passes.ilp_records import LayerConfig, SolverOptions
+from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
 from liac.passes.price import layer_time, operand_tiers
 from liac.plan import HOST_TIERS
 
@@ -71,37 +70,6 @@ class Policy:
 
     def allowed(self, phase: str) -> tuple[tuple[tuple[int, ...], ...] | None, bool]:
         return (self.prefill, self.prefill_split) if phase == "prefill" else (self.decode, self.decode_split)
-
-
-class LayerChoice(NamedTuple):
-    """`count` layers of `layer_class` take `config`."""
-
-    layer_class: str
-    config: LayerConfig
-    count: int
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """The solver's choice: its layer choices in class order, and the shared buffers."""
-
-    choices: tuple[LayerChoice, ...]
-    staging_bytes: int  # one staging buffer; the GPU holds prefetch_depth + 1 of them
-    workspace_bytes: int  # GPU activation workspace
-    host_workspace_bytes: int  # DDR activation workspace
-    objective_seconds: float
-    tied_tier: str = "none"  # the tier holding a tied embedding/LM-head matrix once, when both units chose it
-    tied_bytes: int = 0
-
-    def tier_used_bytes(self, tier: str, prefetch_depth: int) -> int:
-        used = sum(config.tier_bytes(tier) * count for _, config, count in self.choices)
-        if tier == self.tied_tier:
-            used -= self.tied_bytes
-        if tier == "hbm":
-            used += (prefetch_depth + 1) * self.staging_bytes + self.workspace_bytes
-        if tier == "ddr":
-            used += self.host_workspace_bytes
-        return used
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,13 @@ relative tolerance of the objective (status 'optimal'), otherwise the gap itself
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from liac.passes.costs import CostGraph
-from liac.passes.ilp_records import LayerConfig
+from liac.passes.ilp_records import Assignment, Certificate, LayerConfig
 from liac.passes.price import layer_time, operand_tiers
 from liac.plan import TIERS
 from liac.sizes import GIB
-
-if TYPE_CHECKING:  # ilp.py and ilp_master.py import this module; their records are only annotations here
-    from liac.passes.ilp import Assignment
-    from liac.passes.ilp_master import Certificate
 
 __all__ = ["SolutionCheckError", "GAP_TOLERANCE", "check_solution", "certified_bound"]
 

@@ -31,7 +31,7 @@ from liac.passes.costs import CostGraph
 from liac.passes.ilp_knapsack import (ClassColumns, LevelProblem, LevelSolution, TooLarge, beats,
                                       solve_level, useful_columns)
 from liac.passes.ilp_lp import solve_lp
-from liac.passes.ilp_records import LayerConfig, SolverOptions
+from liac.passes.ilp_records import Certificate, LayerConfig, SolverOptions
 from liac.plan import TIERS
 from liac.sizes import GIB
 
@@ -45,18 +45,6 @@ class MasterSolution:
     counts: dict
     solver: str  # 'HiGHS' or 'PULP_CBC_CMD'
     certificate: Certificate  # why no other plan is better: what closed every staging level
-
-
-@dataclass(frozen=True)
-class Certificate:
-    """What closed each staging level of the search: its exact optimum, a lower bound the ILP solver proved, or
-    the Lagrangian bound (Eq. 12') under one of `multipliers`. passes/ilp_check.py re-derives the bounds."""
-
-    levels: np.ndarray  # [L] staging bytes
-    solved: np.ndarray  # [L] the level's optimum, or its proven lower bound, where a solve closed it; nan elsewhere
-    multipliers: np.ndarray  # [P, 3] λ per GiB (HBM, DDR, CXL) of every LP solved
-
-
 
 
 def make_solver(options: SolverOptions, cutoff: float | None = None):

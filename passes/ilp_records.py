@@ -1,15 +1,20 @@
-"""The placement ILP's records, shared by its modules: how to solve (`SolverOptions`) and one column of the master
-problem, a layer's configuration (`LayerConfig`).
+"""The placement ILP's records, shared by its modules: how to solve (`SolverOptions`), one column of the master
+problem, a layer's configuration (`LayerConfig`), the choice (`LayerChoice`, `Assignment`) and what proves it
+optimal (`Certificate`).
 
-passes/ilp.py generates the configurations, passes/ilp_master.py and passes/ilp_knapsack.py choose among them; all
-three import these records from here, so none of them imports another one back.
+passes/ilp.py generates the configurations, passes/ilp_master.py and passes/ilp_knapsack.py choose among them,
+passes/ilp_check.py re-verifies the choice; all of them import these records from here, so none of them imports
+another one back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["SolverOptions", "LayerConfig"]
+import numpy as np
+
+__all__ = ["SolverOptions", "LayerConfig", "LayerChoice", "Assignment", "Certificate"]
 
 
 @dataclass(frozen=True)
@@ -74,3 +79,44 @@ class LayerConfig:
     def weights_tier(self) -> str:
         """The tier of an embed/head configuration's weights (their one unit)."""
         return next((t for t in self.weights if t != "none"), "none")
+
+
+class LayerChoice(NamedTuple):
+    """`count` layers of `layer_class` take `config`."""
+
+    layer_class: str
+    config: LayerConfig
+    count: int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The solver's choice: its layer choices in class order, and the shared buffers."""
+
+    choices: tuple[LayerChoice, ...]
+    staging_bytes: int  # one staging buffer; the GPU holds prefetch_depth + 1 of them
+    workspace_bytes: int  # GPU activation workspace
+    host_workspace_bytes: int  # DDR activation workspace
+    objective_seconds: float
+    tied_tier: str = "none"  # the tier holding a tied embedding/LM-head matrix once, when both units chose it
+    tied_bytes: int = 0
+
+    def tier_used_bytes(self, tier: str, prefetch_depth: int) -> int:
+        used = sum(config.tier_bytes(tier) * count for _, config, count in self.choices)
+        if tier == self.tied_tier:
+            used -= self.tied_bytes
+        if tier == "hbm":
+            used += (prefetch_depth + 1) * self.staging_bytes + self.workspace_bytes
+        if tier == "ddr":
+            used += self.host_workspace_bytes
+        return used
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """What closed each staging level of the search: its exact optimum, a lower bound the ILP solver proved, or
+    the Lagrangian bound (Eq. 12') under one of `multipliers`. passes/ilp_check.py re-derives the bounds."""
+
+    levels: np.ndarray  # [L] staging bytes
+    solved: np.ndarray  # [L] the level's optimum, or its proven lower bound, where a solve closed it; nan elsewhere
+    multipliers: np.ndarray  # [P, 3] λ per GiB (HBM, DDR, CXL) of every LP solved
