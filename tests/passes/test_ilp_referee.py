@@ -90,26 +90,29 @@ def test_tight_hbm_keeps_a_slower_share_that_streams_less():
 # The cases issue 17 reported
 
 
-@pytest.mark.parametrize("gpu_mem, valid_plan_seconds, old_seconds", [(450e6, 0.4112, 0.4920), (600e6, 0.2681, 0.3020)])
-def test_issue17_three_layer_opt_with_tight_hbm(gpu_mem, valid_plan_seconds, old_seconds):
-    """3 layers with OPT-1.3B's shapes on h200-amx16 at batch 64: the issue built valid plans at 0.4112 s and
-    0.2681 s with liac's own emit_plan where liac compiled 0.4920 s and 0.3020 s. Both solvers now find them."""
+@pytest.mark.parametrize("gpu_mem", [450e6, 600e6])
+def test_issue17_three_layer_opt_with_tight_hbm(gpu_mem):
+    """3 layers with OPT-1.3B's shapes on h200-amx16 at batch 64 and the issue's HBM budgets: the issue built
+    valid plans at 0.4112 s and 0.2681 s with liac's own emit_plan where liac compiled 0.4920 s and 0.3020 s (under
+    the cost model of the time; the GPU budget now also holds the CUDA context and libraries' workspaces, Eq. 14).
+    Both solvers prove the same optimum, and it is the referee's."""
     cfg = dataclasses.replace(ZOO["opt-1.3b"], name="opt-1.3b-3-layers", num_layers=3)
     hw = resolve_profile("h200-amx16")
     costs = annotate_costs(hand_graph(cfg), hw, Workload(64, 128, 32),
-                           TierBudgets(int(gpu_mem), hw.cpu_budget_bytes, hw.cxl_budget_bytes))
+                           TierBudgets(int(gpu_mem), hw.cpu_budget_bytes, hw.cxl_budget_bytes), split_permille=GRID)
     values = []
     for solver in ("highs", "cbc"):
         _, report = solve_placement(costs, SolverOptions(solver=solver))
         assert report.status == "optimal" and report.gap == 0.0
         values.append(report.objective_seconds)
     assert values[0] == pytest.approx(values[1], rel=1e-9)
-    assert values[0] <= valid_plan_seconds * (1 + 1e-4) and values[0] < old_seconds * 0.9
+    assert values[0] == pytest.approx(referee_optimum(costs), rel=1e-9)
 
 
 def test_issue17_cbc_and_highs_agree_on_opt175b_cxl(monkeypatch):
     """OPT-175B on spr-h100-cxl at batch 8: HiGHS certified 38.455425 s 'optimal' where CBC found 38.455307 s.
-    Both solvers, and every level left to the ILP solver, now give the same optimum, no worse than CBC's."""
+    Both solvers, and every level left to the ILP solver, now give the same optimum (the seconds themselves moved
+    with the cost model: the GPU budget holds the CUDA context and libraries' workspaces since, Eq. 14)."""
     hw = resolve_profile("spr-h100-cxl")
     costs = annotate_costs(hand_graph(ZOO["opt-175b"]), hw, Workload(8, 128, 32),
                            TierBudgets(hw.gpu_budget_bytes, hw.cpu_budget_bytes, hw.cxl_budget_bytes))
@@ -123,4 +126,3 @@ def test_issue17_cbc_and_highs_agree_on_opt175b_cxl(monkeypatch):
     assert by_solver.status == "optimal"
     values.append(by_solver.objective_seconds)
     assert max(values) == pytest.approx(min(values), rel=1e-9)
-    assert values[0] <= 38.455307 * (1 + 1e-7)
