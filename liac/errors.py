@@ -10,10 +10,11 @@ it as one line and exit with status 2; any other exception is a bug and keeps it
 from __future__ import annotations
 
 import importlib
+import reprlib
 from types import ModuleType
 
-__all__ = ["LiacError", "InfeasibleError", "EXIT_NEGATIVE", "EXIT_USER_ERROR", "EXIT_INFEASIBLE", "EXIT_INTERRUPTED", "EXTRAS",
-           "require"]
+__all__ = ["LiacError", "InfeasibleError", "EXIT_NEGATIVE", "EXIT_USER_ERROR", "EXIT_INFEASIBLE", "EXIT_INTERRUPTED",
+           "EXTRAS", "require", "brief"]
 
 # Exit codes shared by every CLI (docs/cli.md): 0 success, 1 a negative result (differences, problems found),
 # 2 bad input / usage / environment, 3 `liac compile`: some points infeasible, 130 interrupted.
@@ -24,6 +25,52 @@ EXIT_INTERRUPTED = 130
 
 # Optional packages → the extra of pyproject.toml that installs each (tests/test_cli.py keeps the two in step).
 EXTRAS = {"matplotlib": "docs", "highspy": "highs", "intel_extension_for_pytorch": "ipex", "accelerate": "bench"}
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+_REPR.maxlevel = 3
+
+
+def _size_at_most(value: object, budget: int) -> bool:
+    """Whether `value` has at most `budget` elements and characters, counted without building its repr (a
+    structure whose repr would be huge is never walked far)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            budget -= len(item)
+        elif isinstance(item, dict):
+            budget -= len(item)
+            if budget >= 0:
+                stack.extend(item.keys())
+                stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            budget -= len(item)
+            if budget >= 0:
+                stack.extend(item)
+        elif isinstance(item, int) and item.bit_length() > 256:
+            return False
+        else:
+            budget -= 1
+        if budget < 0:
+            return False
+    return True
+
+
+def brief(value: object, limit: int = 100, quote: bool = True) -> str:
+    """A value quoted in an error message, bounded: a long string or a huge (or deeply nested) structure from a
+    hostile file must not become a megabyte line (a large value is abbreviated by reprlib, which never builds the
+    full repr). `quote=False` for text that is already a message."""
+    if isinstance(value, str):
+        text = value if not quote else repr(value[:limit + 1])
+    elif isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        text = f"an integer of {value.bit_length()} bits"
+    elif _size_at_most(value, limit):
+        text = repr(value)
+    else:
+        text = _REPR.repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class LiacError(Exception):
