@@ -36,14 +36,13 @@ other) under the base and the calibrated profile, which says whether the fit gen
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from liac.errors import LiacError
-from liac.fileio import yaml_dump
+from liac.errors import LiacError, brief
+from liac.fileio import load_json, yaml_dump
 from liac.passes.price import PlanPrice, price_plan, split_grid
 from liac.plan import OffloadPlan, load_plan
 from liac.profile import CurvePoint, HardwareProfile, parse_profile
@@ -132,12 +131,7 @@ class CalibrationResult:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise LiacError(str(path), f"cannot read: {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LiacError(str(path), f"not valid JSON: {e}") from e
+    doc = load_json(path)
     if not isinstance(doc, dict) or doc.get("metrics_version") not in METRICS_VERSIONS:
         raise LiacError(str(path), "must be a metrics document from 'lia-run --metrics-out' (metrics_version "
                         + ", ".join(str(v) for v in METRICS_VERSIONS) + ")", path="metrics_version")
@@ -160,7 +154,7 @@ def _plan_files(paths) -> list[Path]:
 def _positive_int(doc: dict, key: str, source: str) -> int:
     value = (doc.get("run") or {}).get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise LiacError(source, f"must be a positive integer, got {value!r}", path=f"run.{key}")
+        raise LiacError(source, f"must be a positive integer, got {brief(value)}", path=f"run.{key}")
     return value
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
 
 __all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "V1ALPHA1", "V1", "V2", "LATEST",
            "MIGRATIONS", "migrate_document"]
@@ -106,7 +106,7 @@ def migrate_v1alpha1_to_v1(doc: dict) -> dict:
     model = _mapping(spec.get("model"), "spec.model")
     family = model.get("family")
     if family not in _V1_UNITS or family in ("embed", "head"):
-        raise MigrationError("spec.model.family", f"unsupported value {family!r}: must be one of "
+        raise MigrationError("spec.model.family", f"unsupported value {brief(family)}: must be one of "
                              + ", ".join(f"'{f}'" for f in ("opt", "llama", "qwen2", "mixtral")))
     groups = spec.get("layer_groups")
     if not isinstance(groups, list):
@@ -118,7 +118,7 @@ def migrate_v1alpha1_to_v1(doc: dict) -> dict:
         layer_class = group.get("layer_class")
         units = _V1_UNITS.get(family if layer_class == "decoder" else layer_class)
         if units is None or layer_class not in ("embed", "decoder", "head"):
-            raise MigrationError(f"{path}.layer_class", f"unsupported value {layer_class!r}: must be one of "
+            raise MigrationError(f"{path}.layer_class", f"unsupported value {brief(layer_class)}: must be one of "
                                  "'embed', 'decoder', 'head'")
         new_groups.append(_group_v1alpha1_to_v1(group, units, path))
     spec["layer_groups"] = new_groups
@@ -160,7 +160,7 @@ def migrate_v1_to_v2(doc: dict) -> dict:
             for phase in ("prefill", "decode"):
                 device = sub.get(phase)
                 if device not in _V1_PERMILLE:
-                    raise MigrationError(f"{where}.{phase}", f"unsupported value {device!r}: must be one of "
+                    raise MigrationError(f"{where}.{phase}", f"unsupported value {brief(device)}: must be one of "
                                          "'cpu', 'gpu'")
                 sub[f"{phase}_cpu_permille"] = _V1_PERMILLE[device]
     return out

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
 from liac.fileio import read_yaml, write_atomic, yaml_dump
 from liac.migrate import LATEST, MIGRATIONS, migrate_document
 from liac.models import SUBLAYERS
@@ -36,7 +36,7 @@ from liac.schema_tools import from_data, json_schema, spec_field, to_data
 
 __all__ = [
     "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "HOST_TIERS", "NO_TIER", "OBJECTIVES",
-    "LAYER_CLASSES", "PHASES",
+    "LAYER_CLASSES", "PHASES", "MAX_BATCH", "MAX_TOKENS", "MAX_BYTES", "MAX_LAYERS", "MAX_PREFETCH_DEPTH",
     "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "SublayerPlacement", "LayerGroup",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
     "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "check_semantics", "placement_of",
@@ -55,6 +55,13 @@ OBJECTIVES = ("latency", "throughput")
 LAYER_CLASSES = ("embed", "decoder", "head")
 PHASES = ("prefill", "decode")
 SOLVER_STATUSES = ("optimal", "feasible", "fixed")  # 'fixed': a hand-written or fixed-policy plan, not solved
+# Physical ranges of the plan's integers (beyond them a number is a typo or an attack, and would overflow the
+# int64 arithmetic of the cost model): `liac compile` checks its flags against the same limits.
+MAX_BATCH = 2**20
+MAX_TOKENS = 2**24  # prompt or generated tokens per sequence
+MAX_BYTES = 2**60  # any byte count (1 EiB)
+MAX_LAYERS = 2**20
+MAX_PREFETCH_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,9 @@ class HardwareSpec:
 class Workload:
     """The workload point this plan is optimal for."""
 
-    batch_size: int = spec_field("sequences decoded together", minimum=1)
-    prompt_len: int = spec_field("prompt tokens per sequence", minimum=1)
-    gen_len: int = spec_field("new tokens generated per sequence", minimum=1)
+    batch_size: int = spec_field("sequences decoded together", minimum=1, maximum=MAX_BATCH)
+    prompt_len: int = spec_field("prompt tokens per sequence", minimum=1, maximum=MAX_TOKENS)
+    gen_len: int = spec_field("new tokens generated per sequence", minimum=1, maximum=MAX_TOKENS)
     objective: str = spec_field("what the solver minimised: end-to-end latency, or time per token at this batch",
                                 enum=OBJECTIVES)
 
@@ -90,18 +97,19 @@ class Workload:
 class Budgets:
     """Memory the compiler was allowed to use, per tier, in bytes."""
 
-    gpu_bytes: int = spec_field("GPU memory budget (weights, KV cache, activations, staging buffers)", minimum=0)
-    cpu_bytes: int = spec_field("host DDR budget", minimum=0)
-    cxl_bytes: int = spec_field("CXL memory budget (0 when the profile has none)", minimum=0)
+    gpu_bytes: int = spec_field("GPU memory budget (weights, KV cache, activations, staging buffers)", minimum=0,
+                                maximum=MAX_BYTES)
+    cpu_bytes: int = spec_field("host DDR budget", minimum=0, maximum=MAX_BYTES)
+    cxl_bytes: int = spec_field("CXL memory budget (0 when the profile has none)", minimum=0, maximum=MAX_BYTES)
 
 
 @dataclass(frozen=True)
 class TierBytes:
     """Bytes per memory tier."""
 
-    hbm_bytes: int = spec_field("GPU HBM bytes", minimum=0)
-    ddr_bytes: int = spec_field("host DDR bytes", minimum=0)
-    cxl_bytes: int = spec_field("CXL memory bytes", minimum=0)
+    hbm_bytes: int = spec_field("GPU HBM bytes", minimum=0, maximum=MAX_BYTES)
+    ddr_bytes: int = spec_field("host DDR bytes", minimum=0, maximum=MAX_BYTES)
+    cxl_bytes: int = spec_field("CXL memory bytes", minimum=0, maximum=MAX_BYTES)
 
 
 @dataclass(frozen=True)
@@ -109,14 +117,15 @@ class Execution:
     """How the runtime overlaps transfers with compute."""
 
     prefetch_depth: int = spec_field("layers whose streamed weights are copied ahead of compute (1 = double "
-                                     "buffering, 0 = no streaming)", minimum=0)
+                                     "buffering, 0 = no streaming)", minimum=0,
+                                     maximum=MAX_PREFETCH_DEPTH)
     staging_bytes: int = spec_field("GPU bytes of one staging buffer for streamed weights and KV of one layer",
-                                    minimum=0)
+                                    minimum=0, maximum=MAX_BYTES)
     workspace_bytes: int = spec_field("GPU bytes the runtime's allocator may hold beyond its arena (weights, KV "
                                       "caches, staging buffers): activations and the GPU libraries' workspaces, "
                                       "reserved up front; the rest of memory.hbm_bytes beyond the arena is the "
                                       "CUDA context (docs/cost-model.md Eq. 14). 0: not recorded (plans written "
-                                      "before it was)", minimum=0, default=0)
+                                      "before it was)", minimum=0, maximum=MAX_BYTES, default=0)
 
 
 @dataclass(frozen=True)
@@ -161,8 +170,9 @@ class LayerGroup:
 
     name: str = spec_field("group name, unique in the plan")
     layer_class: str = spec_field("layer class", enum=LAYER_CLASSES)
-    first_layer: int = spec_field("index of the first layer of the range within its class", minimum=0)
-    layer_count: int = spec_field("number of layers in the range", minimum=1)
+    first_layer: int = spec_field("index of the first layer of the range within its class", minimum=0,
+                                  maximum=MAX_LAYERS)
+    layer_count: int = spec_field("number of layers in the range", minimum=1, maximum=MAX_LAYERS)
     kv_cache: str = spec_field("memory tier of the group's KV cache ('none' for embed/head)",
                                enum=TIERS + (NO_TIER,))
     sublayers: tuple[SublayerPlacement, ...] = spec_field("placement units in execution order")
@@ -210,8 +220,8 @@ class TierUsage:
     """Memory use of one tier against its capacity."""
 
     tier: str = spec_field("memory tier", enum=TIERS)
-    used_bytes: int = spec_field("bytes the plan places in the tier", minimum=0)
-    capacity_bytes: int = spec_field("budget of the tier", minimum=0)
+    used_bytes: int = spec_field("bytes the plan places in the tier", minimum=0, maximum=MAX_BYTES)
+    capacity_bytes: int = spec_field("budget of the tier", minimum=0, maximum=MAX_BYTES)
 
 
 @dataclass(frozen=True)
@@ -269,7 +279,7 @@ def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
     version = doc.get("apiVersion")
     known = sorted({API_VERSION, *MIGRATIONS})
     if version not in known:
-        raise LiacError(source, f"unsupported value {version!r}: must be one of "
+        raise LiacError(source, f"unsupported value {brief(version)}: must be one of "
                         + ", ".join(f"'{v}'" for v in known), path="apiVersion")
     doc = migrate_document(doc, source)
     plan = from_data(OffloadPlan, doc, source)
@@ -281,7 +291,7 @@ def parse_plan(doc: Any, source: str = "plan") -> OffloadPlan:
 
 
 def load_plan(path: str | os.PathLike) -> OffloadPlan:
-    """Read and validate a plan file (YAML, safe_load)."""
+    """Read and validate a plan file (YAML: safe types, no aliases, bounded size; `liac.fileio.read_yaml`)."""
     return parse_plan(read_yaml(path), str(path))
 
 
@@ -324,7 +334,7 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
     try:
         cfg = plan.model_config
     except LiacError as e:
-        return [("spec.model.config", e.message)]
+        return [(f"spec.model.config.{e.path}" if e.path else "spec.model.config", e.message)]
     if cfg.sha256() != spec.model.config_sha256:
         errors.append(("spec.model.config_sha256", f"must be the sha256 of spec.model.config ('{cfg.sha256()[:12]}"
                                                    f"…'), got '{spec.model.config_sha256[:12]}…'"))

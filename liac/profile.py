@@ -28,7 +28,7 @@ from pathlib import Path
 
 import platformdirs
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
 from liac.fileio import parse_yaml, read_yaml
 from liac.schema_tools import from_data, spec_field, to_data
 from liac.sizes import GIB, MIB
@@ -43,7 +43,7 @@ HOST_PROFILE = "host"  # the name of this machine's own profile, kept in the use
 class CurvePoint:
     """One measured (or estimated) point of a throughput curve over GEMM rows M."""
 
-    m: int = spec_field("GEMM rows (tokens multiplied by the weight at once)", minimum=1)
+    m: int = spec_field("GEMM rows (tokens multiplied by the weight at once)", minimum=1, maximum=2**24)
     tflops: float = spec_field("bf16 TFLOP/s reached at this M", minimum=0)
 
 
@@ -164,6 +164,21 @@ _FIELDS = {f.name: f for f in fields(HardwareProfile)}
 # Rates that a division uses: zero would mean "infinitely slow", which no real machine has.
 _POSITIVE = ("gpu_bf16_tflops", "gpu_hbm_gb_per_s", "cpu_ddr_read_gb_per_s", "cpu_kv_read_gb_per_s",
              "ddr_shared_gb_per_s", "pcie_h2d_gb_per_s", "pcie_d2h_gb_per_s", "pcie_bidir_gb_per_s")
+# Physical ranges (inclusive) of every number (floats are finite already: liac.schema_tools). Beyond them a number
+# is a typo, and the cost model's sums would overflow to infinity (a NaN in the ILP never converges).
+_RATE = (1e-3, 1e6)  # GB/s: 1 MB/s .. 1 PB/s
+_TFLOPS = (1e-6, 1e6)
+_GIB = (0.0, 1e6)  # capacities: up to ~1 EiB
+_SECONDS = (0.0, 1.0)  # per-kernel and per-transfer overheads
+_GIB_AS_MIB = (0.0, _GIB[1] * 1024)  # footprints in MiB, within the same capacity bound
+_RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib": _GIB, "gpu_reserve_gib": _GIB,
+           "gpu_launch_seconds": _SECONDS, "cpu_ddr_read_gb_per_s": _RATE, "cpu_kv_read_gb_per_s": _RATE,
+           "cpu_ddr_gib": _GIB, "cpu_reserve_gib": _GIB, "cpu_launch_seconds": _SECONDS,
+           "ddr_shared_gb_per_s": _RATE, "cxl_gb_per_s": (0.0, _RATE[1]), "cxl_gib": _GIB,
+           "cxl_latency_ns": (0.0, 1e6), "pcie_h2d_gb_per_s": _RATE, "pcie_d2h_gb_per_s": _RATE,
+           "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
+           "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
+           "gpu_activation_factor": (1.0, 1e3)}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
@@ -184,6 +199,10 @@ def parse_profile(data, source: str) -> HardwareProfile:
     for name in _POSITIVE:
         if getattr(profile, name) <= 0:
             raise LiacError(source, f"must be greater than 0, got {getattr(profile, name)!r}", path=name)
+    for name, (low, high) in _RANGES.items():
+        value = getattr(profile, name)
+        if not low <= value <= high:
+            raise LiacError(source, f"must be between {low:g} and {high:g}, got {value!r}", path=name)
     if not profile.cpu_amx_bf16_tflops:
         raise LiacError(source, "must list at least one point", path="cpu_amx_bf16_tflops")
     for curve in ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops"):
@@ -196,13 +215,16 @@ def parse_profile(data, source: str) -> HardwareProfile:
             if point.tflops <= 0:
                 raise LiacError(source, f"must be greater than 0, got {point.tflops!r}",
                                 path=f"{curve}[{index}].tflops")
+            if not _TFLOPS[0] <= point.tflops <= _TFLOPS[1]:
+                raise LiacError(source, f"must be between {_TFLOPS[0]:g} and {_TFLOPS[1]:g}, got {point.tflops!r}",
+                                path=f"{curve}[{index}].tflops")
     if profile.cxl_gib > 0 and profile.cxl_gb_per_s <= 0:
         raise LiacError(source, "must be greater than 0 when 'cxl_gib' is greater than 0", path="cxl_gb_per_s")
     known = {f.name for f in fields(HardwareProfile)} - {"sources", "estimates", "name", "description"}
     for key, text in profile.sources.items():
         if key not in known:
-            raise LiacError(source, f"unknown field '{key}': keys must name numeric fields of the profile",
-                            path=f"sources.{key}")
+            raise LiacError(source, f"unknown field {brief(key)}: keys must name numeric fields of the profile",
+                            path=f"sources.{brief(key, 60, quote=False)}")
         if not isinstance(text, str) or not text.strip():
             raise LiacError(source, "must be a non-empty string", path=f"sources.{key}")
     missing = sorted(known - set(profile.sources))
@@ -210,13 +232,13 @@ def parse_profile(data, source: str) -> HardwareProfile:
         raise LiacError(source, f"must say where '{missing[0]}' comes from", path="sources")
     for index, key in enumerate(profile.estimates):
         if key not in known:
-            raise LiacError(source, f"unknown field '{key}': must name a numeric field of the profile",
+            raise LiacError(source, f"unknown field {brief(key)}: must name a numeric field of the profile",
                             path=f"estimates[{index}]")
     return profile
 
 
 def load_profile(path: str | os.PathLike) -> HardwareProfile:
-    """Read and validate a profile file (YAML, safe_load)."""
+    """Read and validate a profile file (YAML: safe types, no aliases, bounded size; `liac.fileio.read_yaml`)."""
     return parse_profile(read_yaml(path), str(path))
 
 
@@ -232,15 +254,24 @@ def host_profile_path() -> Path:
     return platformdirs.user_cache_path("liac") / f"{HOST_PROFILE}.yaml"
 
 
-def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
+def resolve_profile(name_or_path: str, source: str = "--hw", shipped_only: bool = False) -> HardwareProfile:
     """A shipped profile name, a path to a profile file, a bare file name of a shipped profile, or 'host' (this
     machine's profile in the user's cache directory; it is never measured here: see liac/host.py).
+
+    Args:
+        shipped_only: accept only a shipped profile's name: for names read from a file (a plan's
+            `spec.hardware.profile`), which must never make liac open (and quote) an arbitrary path.
 
     Raises:
         LiacError: unknown name (listing the shipped ones), unreadable or invalid file, no host profile yet.
     """
+    shipped = profile_names()
+    if shipped_only and name_or_path not in shipped and name_or_path != HOST_PROFILE:
+        raise LiacError(source, f"{brief(name_or_path)} is not a shipped hardware profile ('{HOST_PROFILE}' or one "
+                        "of " + ", ".join(f"'{n}'" for n in shipped) + "): pass the profile file the plan was "
+                        "compiled with as --hw")
     path = Path(name_or_path)
-    if path.is_file():
+    if not shipped_only and path.is_file():
         return load_profile(path)
     if str(name_or_path) == HOST_PROFILE:
         host = host_profile_path()
@@ -248,12 +279,11 @@ def resolve_profile(name_or_path: str, source: str = "--hw") -> HardwareProfile:
             raise LiacError(source, f"no profile of this host yet ({host}): measure it with 'liac profile'")
         return load_profile(host)
     stem = path.stem if path.suffix in (".yaml", ".yml") and path.name == str(name_or_path) else str(name_or_path)
-    shipped = profile_names()
     if stem in shipped:
         entry = resources.files("liac") / "profiles" / f"{stem}.yaml"
         shipped_source = f"liac/profiles/{stem}.yaml"
         return parse_profile(parse_yaml(entry.read_text(), shipped_source), shipped_source)
     if path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path):
-        raise LiacError(source, f"file '{name_or_path}' does not exist")
-    raise LiacError(source, f"unknown hardware profile '{name_or_path}': must be a profile file, "
+        raise LiacError(source, f"file {brief(str(name_or_path))} does not exist")
+    raise LiacError(source, f"unknown hardware profile {brief(str(name_or_path))}: must be a profile file, "
                     f"'{HOST_PROFILE}' (this machine) or one of " + ", ".join(f"'{n}'" for n in shipped))

@@ -3,20 +3,22 @@
 A record is a frozen dataclass whose fields use these types: `int`, `float`, `str`, `bool`, `dict` (a free-form
 mapping, checked by the record's own code), another record, or `tuple[Record, ...]` (a YAML list of records).
 Field metadata (`spec_field(...)`) adds `enum`, `minimum`, `maximum`, `pattern` and `doc`, which both the loader and the
-generated JSON Schema enforce, so the two cannot drift.
+generated JSON Schema enforce, so the two cannot drift. A `float` must be finite (NaN and infinities are not JSON
+numbers either); values quoted in errors are bounded (`liac.errors.brief`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import MISSING, field, fields, is_dataclass
 from typing import Any
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
 
-__all__ = ["spec_field", "from_data", "to_data", "json_schema", "stable_float"]
+__all__ = ["spec_field", "from_data", "to_data", "json_schema", "stable_float", "scalar_problem"]
 
 
 def spec_field(doc: str, *, enum: tuple[str, ...] | None = None, minimum: float | None = None,
@@ -59,7 +61,8 @@ def from_data(cls, data: Any, source: str, path: str = ""):
     known = {f.name for f in fields(cls)}
     for key in data:
         if key not in known:
-            where = f"{path}.{key}" if path else str(key)
+            name = brief(key, 60, quote=False) if isinstance(key, str) else brief(key)
+            where = f"{path}.{name}" if path else name
             raise LiacError(source, f"unknown field: must be one of {', '.join(sorted(known))}", path=where)
     values = {}
     for f in fields(cls):
@@ -89,25 +92,42 @@ def _value(typ, meta, value, source, where):
         if not isinstance(value, dict):
             raise LiacError(source, f"must be a mapping, got {type(value).__name__}", path=where)
         return dict(value)
+    message, value = scalar_problem(typ, meta, value)
+    if message:
+        raise LiacError(source, message, path=where)
+    return value
+
+
+def scalar_problem(typ, meta, value) -> tuple[str | None, Any]:
+    """A leaf value (int, float, str, bool) against its type and field metadata → (what is wrong or None, the
+    value as loaded: ints become floats where a float is expected). Shared by `from_data` and `liac validate`'s
+    walker (liac/artifacts/schema_check.py), so both word every problem the same way."""
     if typ is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        if ok:
+            try:
+                number = float(value)
+            except OverflowError:  # an integer beyond any float
+                number = math.inf
+            if not math.isfinite(number):
+                return f"must be a finite number, got {brief(value)}", value
+            value = number
     elif typ is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
         ok = isinstance(value, typ)
     if not ok:
-        raise LiacError(source, f"must be {_type_name(typ)}, got {value!r}", path=where)
+        return f"must be {_type_name(typ)}, got {brief(value)}", value
     if "enum" in meta and value not in meta["enum"]:
         allowed = ", ".join(f"'{v}'" for v in meta["enum"])
-        raise LiacError(source, f"unsupported value {value!r}: must be one of {allowed}", path=where)
+        return f"unsupported value {brief(value)}: must be one of {allowed}", value
     if "minimum" in meta and value < meta["minimum"]:
-        raise LiacError(source, f"must be at least {meta['minimum']}, got {value!r}", path=where)
+        return f"must be at least {meta['minimum']}, got {brief(value)}", value
     if "maximum" in meta and value > meta["maximum"]:
-        raise LiacError(source, f"must be at most {meta['maximum']}, got {value!r}", path=where)
+        return f"must be at most {meta['maximum']}, got {brief(value)}", value
     if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
-        raise LiacError(source, f"must match '{meta['pattern']}', got {value!r}", path=where)
-    return value
+        return f"must match '{meta['pattern']}', got {brief(value)}", value
+    return None, value
 
 
 def to_data(record) -> Any:

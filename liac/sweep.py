@@ -12,19 +12,26 @@ and `index.yaml` summarising them (`liac.api.write_plans`; docs/compile.md, "Out
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from liac.errors import LiacError
 from liac.fileio import read_yaml
 
-__all__ = ["INDEX_NAME", "CATALOG_NAME", "INDEX_KIND", "INDEX_API_VERSION", "plan_files", "read_index", "policy_string"]
+__all__ = ["INDEX_NAME", "CATALOG_NAME", "INDEX_KIND", "INDEX_API_VERSION", "plan_files", "is_sweep_file", "read_index",
+           "policy_string"]
 
 INDEX_NAME = "index.yaml"  # a sweep's summary, written by `liac compile`
 CATALOG_NAME = "sweeps.yaml"  # in a directory of sweeps: every model × hardware tried, with why when infeasible
 INDEX_KIND = "OffloadPlanIndex"  # index.yaml's `kind` and `apiVersion`
 INDEX_API_VERSION = "liac/v1"
 _LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
+# The file names a sweep owns: its index, its plans (`liac.fileio.safe_name` of passes.emit.plan_name, + '.yaml'),
+# and the temp files of an atomic write of either. `liac compile` replaces or drops exactly these; any other file
+# in the directory is the user's and is kept.
+_PLAN_FILE = r"[A-Za-z0-9_+~-][A-Za-z0-9._+~-]*\.b\d+-p\d+-g\d+(?:\.[A-Za-z0-9_+~-]+)?\.yaml"
+_OWNED = re.compile(rf"(?:index\.yaml|{_PLAN_FILE})|\.(?:index\.yaml|{_PLAN_FILE})\.[a-z0-9_]{{8}}\.tmp")
 
 
 def plan_files(directory: str | Path) -> list[Path]:
@@ -33,6 +40,12 @@ def plan_files(directory: str | Path) -> list[Path]:
     return sorted(p for p in directory.iterdir()
                   if p.suffix in (".yaml", ".yml") and p.name not in (INDEX_NAME, CATALOG_NAME)
                   and not p.name.startswith(".") and p.is_file())
+
+
+def is_sweep_file(name: str) -> bool:
+    """Whether a file name belongs to a sweep (see `_OWNED`): 'index.yaml', 'opt-30b.spr-h100.b1-p128-g32.yaml',
+    'x.h.b1-p1-g1.lia-gpu+lia-cpu.yaml'; not 'notes.yaml' or 'sweeps.yaml'."""
+    return _OWNED.fullmatch(name) is not None
 
 
 def read_index(directory: str | Path) -> tuple[Any, list[tuple[str, str]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from liac.errors import brief
 from liac.sweep import INDEX_API_VERSION, INDEX_KIND, policy_string
 
 __all__ = ["index_problems"]
@@ -41,7 +42,7 @@ def _point_problems(where: str, entry: dict, plan) -> list[tuple[str, str]]:
         if key not in entry:
             out.append((f"{where}.{key}", "required field is missing"))
         elif not _same(want, entry[key]):
-            out.append((f"{where}.{key}", f"must repeat the plan's value {want!r}, got {entry[key]!r}"))
+            out.append((f"{where}.{key}", f"must repeat the plan's value {brief(want)}, got {brief(entry[key])}"))
     return out
 
 
@@ -51,9 +52,9 @@ def index_problems(doc, plans: dict) -> list[tuple[str, str]]:
         return [("", f"must be a YAML mapping (kind '{INDEX_KIND}')")]
     out = []
     if doc.get("kind") != INDEX_KIND:
-        out.append(("kind", f"must be '{INDEX_KIND}', got {doc.get('kind')!r}"))
+        out.append(("kind", f"must be '{INDEX_KIND}', got {brief(doc.get('kind'))}"))
     if doc.get("apiVersion") != INDEX_API_VERSION:
-        out.append(("apiVersion", f"must be '{INDEX_API_VERSION}', got {doc.get('apiVersion')!r}"))
+        out.append(("apiVersion", f"must be '{INDEX_API_VERSION}', got {brief(doc.get('apiVersion'))}"))
     points = doc.get("points")
     if not isinstance(points, list):
         return out + [("points", "must be a list of the sweep's plans")]
@@ -66,11 +67,11 @@ def index_problems(doc, plans: dict) -> list[tuple[str, str]]:
             continue
         name = entry["file"]
         if name in listed:
-            out.append((f"{where}.file", f"'{name}' is already listed at points[{listed[name]}]"))
+            out.append((f"{where}.file", f"{brief(name)} is already listed at points[{listed[name]}]"))
             continue
         listed[name] = index
         if name not in plans:
-            out.append((f"{where}.file", f"'{name}' does not exist in the sweep directory"))
+            out.append((f"{where}.file", f"{brief(name)} does not exist in the sweep directory"))
         elif plans[name] is not None:
             out += _point_problems(where, entry, plans[name])
     for name in sorted(set(plans) - set(listed)):
@@ -78,20 +79,23 @@ def index_problems(doc, plans: dict) -> list[tuple[str, str]]:
     for key, want in (("model", {p.spec.model.name for p in valid}),
                       ("profile", {p.spec.hardware.profile for p in valid}),
                       ("objective", {p.spec.workload.objective for p in valid})):
-        if len(want) == 1 and doc.get(key) not in want:
-            out.append((key, f"must be '{next(iter(want))}' (what the plans say), got {doc.get(key)!r}"))
+        if len(want) == 1 and (not isinstance(doc.get(key), str) or doc.get(key) not in want):
+            out.append((key, f"must be '{next(iter(want))}' (what the plans say), got {brief(doc.get(key))}"))
         elif len(want) > 1:
             out.append((key, f"the plans disagree: {', '.join(sorted(map(str, want)))} (one sweep is one "
                              f"{key})"))
     best = doc.get("best_throughput")
     ranked = {name: p.status.predicted.tokens_per_second for name, p in plans.items() if p is not None}
-    if best is not None and best not in listed:
-        out.append(("best_throughput", f"must name a listed plan, got {best!r}"))
+    if best is not None and (not isinstance(best, str) or best not in listed):
+        out.append(("best_throughput", f"must name a listed plan, got {brief(best)}"))
     elif best is not None and ranked and best in ranked and ranked[best] < max(ranked.values()):
         top = max(ranked, key=lambda n: ranked[n])
         out.append(("best_throughput", f"must name the plan with the most tokens/s ('{top}'), got '{best}'"))
     batches = {p.spec.workload.batch_size for p in valid}
-    for index, entry in enumerate(doc.get("infeasible") or []):
+    infeasible = doc.get("infeasible") or []
+    if not isinstance(infeasible, list):
+        return out + [("infeasible", f"must be a list of {{batch_size, reason}}, got {brief(infeasible)}")]
+    for index, entry in enumerate(infeasible):
         where = f"infeasible[{index}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("batch_size"), int) \
                 or not isinstance(entry.get("reason"), str):

@@ -20,8 +20,8 @@ from pathlib import Path
 import jinja2
 
 from liac.artifacts import figures
-from liac.errors import LiacError, require
-from liac.fileio import read_yaml, write_atomic
+from liac.errors import LiacError, brief, require
+from liac.fileio import check_writable, read_yaml, safe_name, write_atomic
 from liac.plan import load_plan
 from liac.sizes import GIB
 from liac.sweep import CATALOG_NAME, INDEX_NAME, plan_files, policy_string, read_index
@@ -112,14 +112,19 @@ def collect_pages(plans_dir: Path, out_dir: Path) -> list[SweepPage]:
             groups.setdefault(key, []).append((plan, link))
         index = _read_index(sweep)
         if index:
-            key = (index.get("model"), index.get("profile"))
-            infeasible.setdefault(key, set()).update(
-                (entry["batch_size"], entry["reason"]) for entry in index.get("infeasible") or [])
+            key = (str(index.get("model")), str(index.get("profile")))
+            infeasible.setdefault(key, set()).update(_infeasible_entries(index, sweep / INDEX_NAME))
     pages = []
+    slugs: dict[str, tuple[str, str]] = {}
     for (model, hardware), items in sorted(groups.items()):
+        # Names from plan files become a file name only through the one rule (liac.fileio.safe_name).
+        slug = safe_name(f"{model}.{hardware}")
+        if slugs.setdefault(slug, (model, hardware)) != (model, hardware):
+            raise LiacError("docs", f"models {brief(slugs[slug][0])} on {brief(slugs[slug][1])} and {brief(model)} "
+                                    f"on {brief(hardware)} would share the page name '{slug}.md'")
         items.sort(key=lambda item: (item[0].spec.workload.batch_size, item[0].spec.workload.prompt_len,
                                      item[0].spec.workload.gen_len, item[1]))
-        pages.append(SweepPage(f"{model}.{hardware}", model, hardware, tuple(p for p, _ in items),
+        pages.append(SweepPage(slug, model, hardware, tuple(p for p, _ in items),
                                tuple(summarize_point(p, link) for p, link in items),
                                tuple(sorted(infeasible.get((model, hardware), ())))))
     return pages
@@ -132,6 +137,23 @@ def _read_index(sweep: Path) -> dict | None:
     return doc
 
 
+def _infeasible_entries(index: dict, source: Path) -> set[tuple[int, str]]:
+    """index.yaml's `infeasible` list as (batch, reason) pairs; a malformed entry is one error naming it."""
+    entries = index.get("infeasible") or []
+    if not isinstance(entries, list):
+        raise LiacError(str(source), f"must be a list of {{batch_size, reason}}, got {brief(entries)}",
+                        path="infeasible")
+    out = set()
+    for position, entry in enumerate(entries):
+        batch = entry.get("batch_size") if isinstance(entry, dict) else None
+        reason = entry.get("reason") if isinstance(entry, dict) else None
+        if isinstance(batch, bool) or not isinstance(batch, int) or not isinstance(reason, str):
+            raise LiacError(str(source), f"must be {{batch_size: an integer, reason: a string}}, got {brief(entry)}",
+                            path=f"infeasible[{position}]")
+        out.add((batch, reason))
+    return out
+
+
 def _catalog(plans_dir: Path) -> list[dict]:
     path = Path(plans_dir) / CATALOG_NAME
     if not path.is_file():
@@ -139,7 +161,15 @@ def _catalog(plans_dir: Path) -> list[dict]:
     doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("sweeps"), list):
         raise LiacError(str(path), "must be a mapping with a list 'sweeps'", path="sweeps")
-    return doc["sweeps"]
+    entries = []
+    for position, entry in enumerate(doc["sweeps"]):
+        ok = isinstance(entry, dict) and all(isinstance(entry.get(key), str) for key in ("model", "hardware")) \
+            and (isinstance(entry.get("reason"), str) or isinstance(entry.get("directory"), str))
+        if not ok:
+            raise LiacError(str(path), f"must be {{model, hardware, and a directory or a reason}} (strings), got "
+                                       f"{brief(entry)}", path=f"sweeps[{position}]")
+        entries.append({"reason": "", **entry})
+    return entries
 
 
 def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -150,7 +180,11 @@ def render_docs(plans_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """
     require("matplotlib", "figures")  # before anything is written
     plans_dir, out_dir = Path(plans_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(out_dir / "index.md", "-o")  # before loading plans and drawing figures
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise LiacError("-o", f"cannot create '{out_dir}': {e.strerror or e}") from e
     pages = collect_pages(plans_dir, out_dir)
     env = template_environment()
     written: list[Path] = []
@@ -182,6 +216,12 @@ def _remove_stale(out_dir: Path, keep: set[Path]) -> None:
     for path in out_dir.iterdir():
         if path in keep or not path.is_file():
             continue
-        generated_page = path.suffix == ".md" and path.read_text().startswith(GENERATED_MARK)
-        if generated_page or figures.is_figure_name(path.name):
+        if figures.is_figure_name(path.name) or (path.suffix == ".md" and _starts_with_mark(path)):
             path.unlink()
+
+
+def _starts_with_mark(path: Path) -> bool:
+    """Whether a page was generated by `liac docs` (only those are ever removed); reads its first bytes only."""
+    mark = GENERATED_MARK.encode()
+    with open(path, "rb") as handle:
+        return handle.read(len(mark)) == mark

@@ -2,20 +2,21 @@
 
 `liac.schema_tools.from_data` stops at the first problem, which is right for a loader; `liac validate` must report
 all of them. This walker follows the same rules (required and unknown fields, types, `enum`, `minimum`,
-`pattern` from `spec_field` metadata) and words each message exactly as `from_data` does, so the first problem it
+`maximum`, `pattern` from `spec_field` metadata; leaves through the loader's own `scalar_problem`) and words each
+message exactly as `from_data` does, so the first problem it
 finds is the one the loader raises (tests/artifacts/test_validate.py checks that).
 """
 
 from __future__ import annotations
 
-import re
 import typing
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
-__all__ = ["schema_problems"]
+from liac.errors import brief
+from liac.schema_tools import scalar_problem
 
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping"}
+__all__ = ["schema_problems"]
 
 
 def schema_problems(cls, data: Any, path: str = "") -> list[tuple[str, str]]:
@@ -36,7 +37,8 @@ def schema_problems(cls, data: Any, path: str = "") -> list[tuple[str, str]]:
     known = {f.name for f in fields(cls)}
     for key in data:
         if key not in known:
-            problems.append((f"{path}.{key}" if path else str(key),
+            name = brief(key, 60, quote=False) if isinstance(key, str) else brief(key)
+            problems.append((f"{path}.{name}" if path else name,
                              f"unknown field: must be one of {', '.join(sorted(known))}"))
     for f in fields(cls):
         where = f"{path}.{f.name}" if path else f.name
@@ -61,21 +63,5 @@ def _value_problems(typ, meta, value, where) -> list[tuple[str, str]]:
         return schema_problems(typ, value, where)
     if typ is dict:
         return [] if isinstance(value, dict) else [(where, f"must be a mapping, got {type(value).__name__}")]
-    if typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        return [(where, f"must be {_TYPE_WORDS.get(typ, 'a mapping')}, got {value!r}")]
-    if typ is float:
-        value = float(value)
-    if "enum" in meta and value not in meta["enum"]:
-        allowed = ", ".join(f"'{v}'" for v in meta["enum"])
-        return [(where, f"unsupported value {value!r}: must be one of {allowed}")]
-    if "minimum" in meta and value < meta["minimum"]:
-        return [(where, f"must be at least {meta['minimum']}, got {value!r}")]
-    if "pattern" in meta and not re.fullmatch(meta["pattern"], value):
-        return [(where, f"must match '{meta['pattern']}', got {value!r}")]
-    return []
+    message, _ = scalar_problem(typ, meta, value)
+    return [(where, message)] if message else []

@@ -26,8 +26,8 @@ from typing import Any
 from liac.artifacts import footprint
 from liac.artifacts.index import index_problems
 from liac.artifacts.schema_check import schema_problems
-from liac.errors import LiacError
-from liac.fileio import read_yaml
+from liac.errors import LiacError, brief
+from liac.fileio import read_yaml, safe_name
 from liac.migrate import MIGRATIONS, migrate_document
 from liac.plan import API_VERSION, OffloadPlan, check_semantics
 from liac.profile import profile_names, resolve_profile
@@ -73,8 +73,8 @@ def validate_document(doc: Any, source: str):
         return None, [Finding(source, "", "must be a YAML mapping with apiVersion, kind, metadata, spec, status")]
     known = sorted({API_VERSION, *MIGRATIONS})
     if doc.get("apiVersion") not in known:
-        return None, [Finding(source, "apiVersion", f"unsupported value {doc.get('apiVersion')!r}: must be one of "
-                              + ", ".join(f"'{v}'" for v in known))]
+        return None, [Finding(source, "apiVersion", f"unsupported value {brief(doc.get('apiVersion'))}: must be one "
+                              "of " + ", ".join(f"'{v}'" for v in known))]
     if doc["apiVersion"] != API_VERSION:
         try:  # the loader's own chain, so validate and load cannot disagree
             doc = migrate_document(doc, source)
@@ -101,7 +101,7 @@ def _profile_warnings(plan) -> list[tuple[str, str, str]]:
     name = plan.spec.hardware.profile
     if name not in profile_names():
         return []  # a user's own profile file: nothing to compare with
-    current = resolve_profile(name).sha256()
+    current = resolve_profile(name, shipped_only=True).sha256()
     if current == plan.spec.hardware.sha256:
         return []
     return [("spec.hardware.sha256", f"the shipped profile '{name}' has changed since this plan was compiled "
@@ -196,7 +196,7 @@ def validate_plan_file(path: str | Path):
     try:
         doc = read_yaml(path, source)
     except LiacError as e:
-        return None, [Finding(source, "", e.message)]
+        return None, [Finding(source, e.path, e.message)]
     return validate_document(doc, source)
 
 
@@ -250,9 +250,11 @@ def validate_catalog(directory: Path):
                                                       "'reason'"))
             continue
         if "directory" in entry:
-            listed.add(entry["directory"])
-            if not (directory / str(entry["directory"]) / INDEX_NAME).is_file():
-                findings.append(Finding(str(path), f"{where}.directory", f"'{entry['directory']}' must be a sweep "
+            name = entry["directory"]
+            if isinstance(name, str) and name == safe_name(name):
+                listed.add(name)
+            if not isinstance(name, str) or name != safe_name(name) or not (directory / name / INDEX_NAME).is_file():
+                findings.append(Finding(str(path), f"{where}.directory", f"{brief(name)} must be a sweep "
                                                                          f"directory beside {CATALOG_NAME}"))
     for sweep in sweeps:
         if sweep.name not in listed:

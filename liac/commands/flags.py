@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
+from liac.plan import MAX_BATCH, MAX_BYTES
 
 __all__ = ["parse_batches", "parse_bytes", "positive_int"]
 
@@ -23,9 +24,11 @@ def parse_batches(text: str, source: str = "--batch") -> tuple[int, ...]:
     if match:
         low, high = int(match.group(1)), int(match.group(2))
         if low < 1 or high < low:
-            raise LiacError(source, f"range '{text}' must have 1 <= low <= high")
+            raise LiacError(source, f"range {brief(text)} must have 1 <= low <= high")
+        if high > MAX_BATCH:
+            raise LiacError(source, f"range {brief(text)} must end at most at {MAX_BATCH}")
         if low & (low - 1):
-            raise LiacError(source, f"range '{text}' must start at a power of two (it steps by doubling)")
+            raise LiacError(source, f"range {brief(text)} must start at a power of two (it steps by doubling)")
         values = []
         value = low
         while value <= high:
@@ -35,9 +38,9 @@ def parse_batches(text: str, source: str = "--batch") -> tuple[int, ...]:
     values = []
     for part in text.split(","):
         part = part.strip()
-        if not re.fullmatch(r"\d+", part) or int(part) < 1:
-            raise LiacError(source, f"must be a positive integer, a list like '1,8,64' or a range like '1..256', "
-                            f"got '{text}'")
+        if not re.fullmatch(r"\d+", part) or not 1 <= int(part) <= MAX_BATCH:
+            raise LiacError(source, f"must be a positive integer (at most {MAX_BATCH}), a list like '1,8,64' or a "
+                            f"range like '1..256', got {brief(text)}")
         values.append(int(part))
     return tuple(sorted(set(values)))
 
@@ -54,8 +57,12 @@ def parse_bytes(text: str, source: str) -> int:
     if match and not unit and float(match.group(1)) == 0:
         return 0
     if not match or unit not in _UNITS:
-        raise LiacError(source, f"must be a size with a unit, like '24GiB', '24GB' or '512MiB' (or 0), got '{text}'")
-    return int(float(match.group(1)) * _UNITS[unit])
+        raise LiacError(source, f"must be a size with a unit, like '24GiB', '24GB' or '512MiB' (or 0), got "
+                                f"{brief(str(text))}")
+    value = float(match.group(1)) * _UNITS[unit]
+    if not value <= MAX_BYTES:  # also an overflow to infinity
+        raise LiacError(source, f"must be at most {MAX_BYTES} bytes (1 EiB), got {brief(str(text))}")
+    return int(value)
 
 
 def positive_int(text: str, flag: str) -> int:
@@ -63,7 +70,7 @@ def positive_int(text: str, flag: str) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise LiacError(flag, f"must be a positive integer, got '{text}'") from None
+        raise LiacError(flag, f"must be a positive integer, got {brief(str(text))}") from None
     if value < 1:
-        raise LiacError(flag, f"must be a positive integer, got '{text}'")
+        raise LiacError(flag, f"must be a positive integer, got {brief(str(text))}")
     return value

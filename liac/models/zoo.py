@@ -9,10 +9,10 @@ used by the tests as an independent check on the shapes and on the model code.
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
+from liac.fileio import load_json
 from liac.hub import hub_config, is_repo_id
 from liac.models.config import ModelConfig, from_hf_config
 
@@ -99,23 +99,16 @@ def resolve_model(spec: str, source: str = "--model") -> ModelConfig:
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise LiacError(source, f"directory '{spec}' holds no config.json")
+            raise LiacError(source, f"directory {brief(spec)} holds no config.json")
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
-            raise LiacError(source, f"file '{spec}' does not exist")
+            raise LiacError(source, f"file {brief(spec)} does not exist")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-        return from_hf_config(_read_json(path, str(path)), name=name, source=str(path))
+        return from_hf_config(load_json(path), name=name, source=str(path))
     if is_repo_id(spec):
         where = f"{spec}/config.json"
-        return from_hf_config(_read_json(hub_config(spec, source), where), name=spec.split("/")[1], source=where)
+        return from_hf_config(load_json(hub_config(spec, source), where), name=spec.split("/")[1], source=where)
     close = difflib.get_close_matches(spec, ZOO, n=3, cutoff=0.4)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise LiacError(source, f"unknown model '{spec}': must be a zoo name, a config.json, a checkpoint directory "
-                    f"or a Hugging Face repo id like 'facebook/opt-30b'{hint} (zoo: {', '.join(zoo_names())})")
-
-
-def _read_json(path: Path, source: str):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LiacError(source, f"not valid JSON: {e}") from e
+    raise LiacError(source, f"unknown model {brief(spec)}: must be a zoo name, a config.json, a checkpoint "
+                    f"directory or a Hugging Face repo id like 'facebook/opt-30b'{hint} (zoo: {', '.join(zoo_names())})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import yaml
 from artifact_plans import make_plan
 
@@ -67,7 +69,7 @@ def test_listing_must_match_the_directory(tmp_path, capsys):
     (sweep / "extra.yaml").write_text(plan_to_yaml(make_plan(batch=2)))
 
     def edit(doc):
-        doc["points"].append(dict(doc["points"][0]))
+        doc["points"].append(copy.deepcopy(doc["points"][0]))  # a copy: the loader refuses YAML aliases
         doc["points"][1]["file"] = "gone.yaml"
         doc["infeasible"].append({"batch_size": 16, "reason": "too big"})
     _edit_index(sweep, edit)

@@ -143,7 +143,8 @@ def test_runs_that_would_end_past_the_deadline_are_skipped(tmp_path):
 
 
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
-    other = ModelConfig(**{**dataclasses.asdict(TINY), "name": "tiny-opt-2", "hidden_size": 64})
+    other = ModelConfig(**{**dataclasses.asdict(TINY), "name": "tiny-opt-2", "hidden_size": 64,
+                           "head_dim": 64 // TINY.num_heads})
     out = tmp_path / "results.json"
     code = run_plans_module.main([_write(tmp_path, "gpu"), _write(tmp_path, "gpu", cfg=other), "--emulate-gpu",
                                   "--out", str(out)])
