@@ -31,12 +31,20 @@ Modules, in the order a run uses them:
 It never imports liac.passes (tests/runtime/test_runtime_imports.py checks it).
 """
 
-from liac.runtime.backend import Backend, CudaBackend, EmulatedBackend, make_backend
-from liac.runtime.engine import Engine, Generation, RandomWeights
-from liac.runtime.hostweights import HostWeights
-from liac.runtime.sampling import SamplingParams
-from liac.runtime.schedule import Schedule, build_schedule
-from liac.runtime.sequences import PromptBatch
+import importlib
 
 __all__ = ["Engine", "Generation", "RandomWeights", "HostWeights", "Backend", "CudaBackend", "EmulatedBackend",
            "make_backend", "Schedule", "build_schedule", "SamplingParams", "PromptBatch"]
+
+# Loaded on first use (PEP 562): `lia-run`'s entry point imports this package, and torch must load inside its
+# main(), where Ctrl-C is answered with one line rather than a traceback.
+_HOMES = {"Engine": "engine", "Generation": "engine", "RandomWeights": "engine", "HostWeights": "hostweights",
+          "Backend": "backend", "CudaBackend": "backend", "EmulatedBackend": "backend", "make_backend": "backend",
+          "Schedule": "schedule", "build_schedule": "schedule", "SamplingParams": "sampling",
+          "PromptBatch": "sequences"}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"liac.runtime.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'liac.runtime' has no attribute {name!r}")

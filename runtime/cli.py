@@ -10,8 +10,11 @@ report, exit.
 stdout carries what was generated: text (one sequence streamed as it is produced; a batch, each sequence when it
 is done), or token ids, or with --json one JSON document (--jsonl: one JSON line per sequence when it is done);
 stderr carries everything about the run (the plan chosen, progress bars on a terminal, notes, the timing summary).
-Exit status: 0 done; 2 bad input or environment (one line on stderr, nothing written); 130 interrupted. Anything
-else is a bug and keeps its traceback. docs/cli.md lists every flag; each has an API twin (docs/runtime.md).
+Exit status: 0 done; 2 bad input or environment (a LiacError, or an OSError: a file or device the host refused;
+one line on stderr, nothing written); 130 interrupted (Ctrl-C, also while torch loads: one line). Anything else is
+a bug and keeps its traceback. `--metrics-out` is checked writable before the run. Files named on the command line
+are read through liac.fileio (regular files only, bounded). docs/cli.md lists every flag; each has an API twin
+(docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -21,19 +24,22 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from liac.cli import OneLineParser, version_text
-from liac.errors import EXIT_USER_ERROR, LiacError
+# torch-free imports only: torch loads inside run(), within main()'s try, so the flags answer at once and Ctrl-C
+# while it loads is one line (tests/runtime/test_lia_run.py checks both)
+from liac.cli import OneLineParser, interrupted, report_os_error, version_text
+from liac.errors import EXIT_USER_ERROR, LiacError, brief
+from liac.fileio import MAX_JSON_BYTES, check_writable, load_json, read_text
 from liac.hub import resolve_checkpoint
+from liac.models.config import DTYPES
 from liac.progress import progress_bar
-from liac.runtime.engine import DTYPES, Engine, Generation, RandomWeights, check_request, resolve_plan
-from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
-from liac.runtime.sampling import SamplingParams
-from liac.runtime.sequences import PromptBatch
 from liac.runtime.sweep import is_sweep, plan_for_request
 from liac.runtime.text import decode, encode_prompts, load_tokenizer, pad_token_id
+
+if TYPE_CHECKING:
+    from liac.runtime.engine import Generation
+    from liac.runtime.sequences import PromptBatch
 
 __all__ = ["main", "build_parser", "read_prompt_ids", "read_prompt_file", "EXIT_INTERRUPTED"]
 
@@ -53,8 +59,10 @@ def _checked(convert, ok, rule: str):
     return parse
 
 
-_positive = _checked(int, lambda v: v >= 1, "a positive integer")
-_count = _checked(int, lambda v: v >= 0, "an integer at least 0")
+_positive = _checked(int, lambda v: 1 <= v < 2**31, "a positive integer")
+_count = _checked(int, lambda v: 0 <= v < 2**63, "an integer at least 0")  # below 2⁶³: a seed torch takes
+
+MAX_PROMPT_FILE_BYTES = 64 * 2**20  # --prompt-file: far beyond any context window, well below memory
 _non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a number at least 0")
 _fraction = _checked(float, lambda v: 0 < v <= 1, "a number greater than 0 and at most 1")
 
@@ -115,38 +123,36 @@ def build_parser() -> OneLineParser:
 
 
 def read_prompt_ids(path: str) -> list[list[int]]:
-    """A JSON list of token ids, or a list of non-empty lists of token ids (any lengths: they are left-padded)."""
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except OSError as e:
-        raise LiacError("--prompt-ids", f"cannot read '{path}': {e.strerror or e}") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LiacError("--prompt-ids", f"'{path}' is not valid JSON: {e}") from e
+    """A JSON list of token ids, or a list of non-empty lists of token ids (any lengths: they are left-padded);
+    each id an integer from 0 below 2³¹."""
+    source = f"--prompt-ids {brief(path)}"
+    data = load_json(path, source, MAX_JSON_BYTES)
     rows = data if isinstance(data, list) and data and isinstance(data[0], list) else [data]
     ok = (isinstance(data, list) and all(isinstance(r, list) and r for r in rows)
-          and all(isinstance(t, int) and not isinstance(t, bool) for r in rows for t in r))
+          and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for r in rows for t in r))
     if not ok:
-        raise LiacError("--prompt-ids", f"'{path}' must hold a non-empty list of token ids or a list of non-empty "
-                                        f"lists of token ids")
+        raise LiacError(source, "must hold a non-empty list of token ids (integers from 0) or a list of non-empty "
+                                "lists of token ids")
     return rows
 
 
 def read_prompt_file(path: str) -> list[str]:
-    """Text prompts, one a line; blank lines are skipped. '-' reads standard input."""
-    try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-    except OSError as e:
-        raise LiacError("--prompt-file", f"cannot read '{path}': {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise LiacError("--prompt-file", f"'{path}' is not UTF-8 text: {e}") from e
+    """Text prompts, one a line; blank lines are skipped. '-' reads standard input. A file must be a regular UTF-8
+    file of at most MAX_PROMPT_FILE_BYTES (liac.fileio.read_text: a FIFO or device never blocks the run)."""
+    source = "--prompt-file " + ("-" if path == "-" else brief(path))
+    if path == "-":
+        data = sys.stdin.buffer.read(MAX_PROMPT_FILE_BYTES + 1)
+        if len(data) > MAX_PROMPT_FILE_BYTES:
+            raise LiacError(source, f"standard input must be at most {MAX_PROMPT_FILE_BYTES} bytes")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise LiacError(source, f"must be UTF-8 text (byte {e.start} is not)") from e
+    else:
+        text = read_text(path, source, MAX_PROMPT_FILE_BYTES)
     prompts = [line for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise LiacError("--prompt-file", f"'{path}' holds no prompt (one a line)")
+        raise LiacError(source, "holds no prompt (one a line)")
     return prompts
 
 
@@ -160,6 +166,8 @@ class _Request:
 
 
 def _request(args) -> _Request:
+    from liac.runtime.sequences import PromptBatch  # late import: torch (see the imports above)
+
     texts = args.prompt or (read_prompt_file(args.prompt_file) if args.prompt_file else None)
     if texts is not None:
         if args.weights is None:
@@ -255,6 +263,16 @@ def _writers(args, request: _Request, tokenizer_eos: tuple[int, ...], gen_len: i
 
 
 def run(args) -> int:
+    # late imports: torch loads here, inside main(), where Ctrl-C is one line
+    import torch
+
+    from liac.runtime.engine import Engine, RandomWeights, check_request, resolve_plan
+    from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
+    from liac.runtime.sampling import SamplingParams
+    from liac.runtime.sequences import PromptBatch
+
+    if args.metrics_out:  # before the run: a finished run must not lose its metrics to an unwritable path
+        check_writable(args.metrics_out, "--metrics-out")
     if args.weights is not None:  # a directory, or a Hugging Face repo id through the HF cache
         args.weights = str(resolve_checkpoint(args.weights))
     request = _request(args)
@@ -310,24 +328,32 @@ def run(args) -> int:
         print(json.dumps({"plan_file": str(plan_path), "outputs": outputs, "metrics": metrics}, indent=2,
                          sort_keys=True))
     if args.metrics_out:
-        write_metrics(args.metrics_out, metrics)
+        try:
+            write_metrics(args.metrics_out, metrics)
+        except LiacError:  # the disk filled up since the check: keep the run's metrics (on stdout, unless --json
+            if not args.json:  # printed them already)
+                print(json.dumps(metrics, indent=2, sort_keys=True))
+            raise
         _say(f"metrics: {args.metrics_out}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # usage errors (one line, status 2) and --help (status 0), as a return value
-        return int(e.code or 0)
-    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # usage errors (one line, status 2) and --help (status 0), as a return value
+            return int(e.code or 0)
         return run(args)
     except LiacError as e:
         sys.stderr.write(f"lia-run: {e.line()}\n")
         return EXIT_USER_ERROR
+    except OSError as e:
+        sys.stderr.write(f"lia-run: {report_os_error(e)}\n")
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        sys.stderr.write("\nlia-run: interrupted (nothing was written)\n")
-        return EXIT_INTERRUPTED
+        sys.stderr.write("\n")  # ends a line of streamed text
+        return interrupted("lia-run", "nothing was written")
 
 
 if __name__ == "__main__":

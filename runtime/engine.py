@@ -48,7 +48,7 @@ __all__ = ["Engine", "Generation", "GpuBudget", "RandomWeights", "HostWeights", 
            "check_request", "gpu_budget", "resolve_plan", "request_limits", "DTYPES"]
 
 SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}  # = config.DTYPES
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,9 @@ def gpu_budget(plan: OffloadPlan, source: str, arena_bytes: int, context_bytes: 
 
 
 def _plan_dtype(plan: OffloadPlan) -> torch.dtype:
-    """The dtype the plan's model is stored and computed in (bf16 unless its config says otherwise)."""
-    return DTYPES.get(plan.model_config.dtype, torch.bfloat16)
+    """The dtype the plan's model is stored and computed in (its config's; ModelConfig admits only `DTYPES`'
+    keys, liac.models.config.DTYPES)."""
+    return DTYPES[plan.model_config.dtype]
 
 
 def _scheduled(plan: OffloadPlan, source: str, backend: Backend, dtype: torch.dtype) -> Schedule:
@@ -540,8 +541,14 @@ class Engine:
             executor.prime_decode(size, prompt_len)
         tokens = [frame.vals["next"][prefill_head]]
         logits = [frame.logits] if return_logits else []
+        # The guard against NaN/inf: one tiny reduction per pass, queued with it (no synchronisation), read at the
+        # two synchronisation points the loop already has; only when it fires is the pass re-run op by op.
+        finite = [torch.isfinite(frame.logits).all()]
+        inputs = [ids]
         sync()
         prefilled = time.perf_counter()
+        if not bool(finite[0]):
+            self._nonfinite(0, inputs, prompt_len, pad, pick)
         if watch is not None:
             watch.push(tokens[0])
             watch.observe(0)
@@ -549,10 +556,12 @@ class Engine:
             if watch is not None and watch.done:
                 break
             start = prompt_len + step - 1
-            frame = executor.forward("decode", frame.vals["next"][feed], start, pad=pad, pick=pick)
+            inputs.append(frame.vals["next"][feed])
+            frame = executor.forward("decode", inputs[-1], start, pad=pad, pick=pick)
             if step < max_new_tokens - 1:
                 executor.prime_decode(size, start + 1)
             tokens.append(frame.vals["next"][decode_head])
+            finite.append(torch.isfinite(frame.logits).all())
             if return_logits:
                 logits.append(frame.logits)
             if watch is not None:
@@ -560,6 +569,9 @@ class Engine:
                 watch.observe(step if tokens[-1].device.type == "cpu" else step - 1)  # the GPU runs a step ahead
         sync()
         done = time.perf_counter()
+        flags = torch.stack([flag.to("cpu") for flag in finite])  # after the timed loop
+        if not bool(flags.all()):
+            self._nonfinite(int((~flags).nonzero()[0, 0]), inputs, prompt_len, pad, pick)
         token_ids = torch.cat([t.to("cpu") for t in tokens], dim=1)
         stacked = torch.stack([l.float().to("cpu") for l in logits], dim=1) if return_logits else None
         if watch is not None:
@@ -574,6 +586,23 @@ class Engine:
         return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len,
                           {key: after[key] - moved[key] for key in after}, tuple(lengths), reasons,
                           tuple(batch.lengths))
+
+    def _nonfinite(self, step: int, inputs: list[torch.Tensor], prompt_len: int, pad, pick) -> None:
+        """Raise the error for non-finite logits at pass `step` (0 = prefill), naming the first sublayer whose
+        output is not finite (found by re-running that pass op by op)."""
+        phase = "prefill" if step == 0 else "decode"
+        start = 0 if step == 0 else prompt_len + step - 1
+        op = self.executor.first_nonfinite(phase, inputs[step], start, pad=pad, pick=pick)
+        when = "in the prefill" if step == 0 else f"at decode step {step}"
+        if op is None:
+            where = "re-running that pass gave finite values everywhere (the fault did not repeat)"
+        else:
+            name = ".".join(("layers", str(op.layer), *op.sublayers[:1])) if op.layer_class == "decoder" \
+                else (op.sublayers[0] if op.sublayers else op.kind)
+            where = (f"the first sublayer whose output is not finite is '{name}' (group '{op.group}', on "
+                     f"{op.device})")
+        raise LiacError("generate", f"the logits are not finite (NaN or infinity) {when}: {where}; check the "
+                                    "weights (a NaN or infinity in the checkpoint) and the dtype's range")
 
     @torch.inference_mode()
     def warm_up(self, batch: int, prompt_len: int) -> float:

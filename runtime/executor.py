@@ -213,17 +213,7 @@ class Executor:
         positions then start after them and its attention skips them. `pick` chooses the next token from the
         logits (greedy by default; liac.runtime.sampling). With `timings`, synchronise after every op and add its
         seconds under (group, sublayers, phase)."""
-        batch, length = ids.shape
-        frame = Frame(batch, start, length, pick)
-        frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
-        for d in self.devices:
-            if pad is None:
-                frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
-                frame.mask[d] = None
-            else:
-                frame.pos[d] = padded_positions(pad[d], start, length, self.arange[d])
-                frame.mask[d] = padded_causal_mask(pad[d], start, length, self.arange[d])
-        self.streamer.start(self.stream_units[phase], batch, start)
+        frame = self._begin(phase, ids, start, pad, pick)
         if timings is None:
             for _, step in self.programs[phase]:
                 step(frame)
@@ -293,6 +283,43 @@ class Executor:
             else:
                 step(frame)
         return frame
+
+    def _begin(self, phase: str, ids: torch.Tensor, start: int, pad: dict[str, torch.Tensor] | None,
+               pick) -> Frame:
+        batch, length = ids.shape
+        frame = Frame(batch, start, length, pick)
+        frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
+        for d in self.devices:
+            if pad is None:
+                frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
+                frame.mask[d] = None
+            else:
+                frame.pos[d] = padded_positions(pad[d], start, length, self.arange[d])
+                frame.mask[d] = padded_causal_mask(pad[d], start, length, self.arange[d])
+        self.streamer.start(self.stream_units[phase], batch, start)
+        return frame
+
+    def first_nonfinite(self, phase: str, ids: torch.Tensor, start: int, *,
+                        pad: dict[str, torch.Tensor] | None = None, pick=greedy) -> Op | None:
+        """Re-run one pass op by op and return the first op that produced a non-finite value (None if none did).
+
+        The diagnosis behind `Engine.generate`'s non-finite-logits error: it synchronises after every op, so it
+        runs only after the cheap check at the logits has fired, never in the generation loop. Re-running a pass
+        rewrites the same KV-cache positions with the same values. (Pad slots never yield NaN: a pad query attends
+        at least to itself, liac.models.layers.padded_causal_mask.)"""
+        frame = self._begin(phase, ids, start, pad, pick)
+        for op, step in self.programs[phase]:
+            before = {value: dict(per_device) for value, per_device in frame.vals.items()}
+            step(frame)
+            for value, per_device in frame.vals.items():
+                for device, tensor in per_device.items():
+                    if before.get(value, {}).get(device) is tensor or not tensor.is_floating_point():
+                        continue
+                    if not bool(torch.isfinite(tensor).all()):
+                        return op
+            if op.kind == "lm_head" and frame.logits is not None and not bool(torch.isfinite(frame.logits).all()):
+                return op
+        return None
 
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""

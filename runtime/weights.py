@@ -14,7 +14,6 @@ error, not a crash half way through loading.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import sys
 from dataclasses import dataclass
@@ -23,7 +22,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from liac.errors import LiacError
+from liac.errors import LiacError, brief
+from liac.fileio import inside, load_json, parse_json
 from liac.models import family_module
 from liac.models.config import ModelConfig, from_hf_config
 from liac.sizes import numel
@@ -47,6 +47,7 @@ class _Entry:
     file: Path
     dtype: str
     shape: tuple[int, ...]
+    nbytes: int  # end - begin of its data_offsets
 
 
 class Progress:
@@ -90,33 +91,56 @@ class WeightStore:
 # Checkpoints
 
 
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on the JSON header
+
+
 def _read_header(path: Path) -> dict[str, _Entry]:
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise LiacError(str(path), f"truncated: a safetensors file must start with an 8-byte header length, the "
-                                       f"file has {size} bytes")
-        (length,) = struct.unpack("<Q", head)
-        if 8 + length > size:
-            raise LiacError(str(path), f"truncated: the header needs {8 + length} bytes, the file has {size}")
-        try:
-            header = json.loads(handle.read(length))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LiacError(str(path), f"not a safetensors file: its header is not valid JSON ({e})") from e
+    """A safetensors file's header → its tensors, each checked: a dict of {dtype, shape, data_offsets} whose data
+    lies inside the file."""
+    source = str(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise LiacError(source, f"truncated: a safetensors file must start with an 8-byte header length, "
+                                        f"the file has {size} bytes")
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_HEADER_BYTES:
+                raise LiacError(source, f"not a safetensors file: its header length {length} is over "
+                                        f"{MAX_HEADER_BYTES} bytes")
+            if 8 + length > size:
+                raise LiacError(source, f"truncated: the header needs {8 + length} bytes, the file has {size}")
+            raw = handle.read(length)
+    except OSError as e:
+        raise LiacError(source, f"cannot read: {e.strerror or e}") from e
+    try:
+        header = parse_json(raw, source)
+    except LiacError as e:
+        raise LiacError(source, f"not a safetensors file: its header is {e.message}") from e
+    if not isinstance(header, dict):
+        raise LiacError(source, f"not a safetensors file: its header must be a JSON object, got "
+                                f"{type(header).__name__}")
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         try:
             begin, end = info["data_offsets"]
-            dtype, shape = info["dtype"], tuple(int(s) for s in info["shape"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise LiacError(str(path), f"tensor '{name}' has a malformed header entry") from e
+            dtype, shape = info["dtype"], tuple(info["shape"])
+            ok = (isinstance(dtype, str) and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**48
+                                                 for s in shape)
+                  and all(isinstance(o, int) and not isinstance(o, bool) for o in (begin, end))
+                  and 0 <= begin <= end)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise LiacError(source, f"tensor {brief(name)} has a malformed header entry: must be "
+                                    "{dtype, shape: [non-negative integers], data_offsets: [begin, end]}")
         if 8 + length + end > size:
-            raise LiacError(str(path), f"truncated: tensor '{name}' ends at byte {8 + length + end}, the file has "
-                                       f"{size} bytes")
-        entries[name] = _Entry(path, dtype, shape)
+            raise LiacError(source, f"truncated: tensor {brief(name)} ends at byte {8 + length + end}, the file has "
+                                    f"{size} bytes")
+        entries[name] = _Entry(path, dtype, shape, end - begin)
     return entries
 
 
@@ -135,11 +159,14 @@ class Checkpoint:
             raise LiacError(str(directory), "must be a checkpoint directory (config.json and *.safetensors)")
         index = directory / "model.safetensors.index.json"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
-                raise LiacError(str(index), f"must be a JSON object with a 'weight_map' ({e})") from e
-            files = sorted({directory / name for name in weight_map.values()})
+            doc = load_json(index)
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict):
+                raise LiacError(str(index), "must be a JSON object whose 'weight_map' maps tensor names to file names",
+                                path="weight_map")
+            # Names from the index stay inside the checkpoint directory (liac.fileio.inside).
+            files = sorted({inside(directory, name, str(index), f"weight_map.{brief(tensor, 60, quote=False)}")
+                            for tensor, name in weight_map.items()})
         else:
             files = sorted(directory.glob("*.safetensors"))
         if not files:
@@ -147,19 +174,13 @@ class Checkpoint:
         entries: dict[str, _Entry] = {}
         for path in files:
             if not path.is_file():
-                raise LiacError(str(index), f"names '{path.name}', which does not exist")
+                raise LiacError(str(index), f"names {brief(path.name)}, which does not exist")
             entries.update(_read_header(path))
         return cls(directory, entries)
 
     def config(self) -> ModelConfig:
         path = self.directory / "config.json"
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise LiacError(str(path), f"cannot read: {e.strerror or e}") from e
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LiacError(str(path), f"not valid JSON: {e}") from e
-        return from_hf_config(data, name=self.directory.name, source=str(path))
+        return from_hf_config(load_json(path), name=self.directory.name, source=str(path))
 
     def _find(self, name: str) -> str | None:
         if name in self.entries:
@@ -184,9 +205,16 @@ class Checkpoint:
                     raise LiacError(str(self.directory), f"tensor '{hf_name}' is missing (needed for '{canonical}')")
                 entry = self.entries[found]
                 if entry.dtype not in _DTYPES:
-                    raise LiacError(str(entry.file), f"tensor '{found}' has dtype '{entry.dtype}': must be one of "
-                                    + ", ".join(f"'{d}'" for d in _DTYPES))
+                    raise LiacError(str(entry.file), f"tensor '{found}' has dtype {brief(entry.dtype)}: must be one "
+                                    "of " + ", ".join(f"'{d}'" for d in _DTYPES))
+                itemsize = _DTYPES[entry.dtype].itemsize
+                if entry.nbytes != numel(entry.shape) * itemsize:
+                    raise LiacError(str(entry.file), f"tensor '{found}' has {entry.nbytes} bytes of data: its shape "
+                                    f"{list(entry.shape)} in {entry.dtype} needs {numel(entry.shape) * itemsize}")
                 parts.append(found)
+            if any(not self.entries[p].shape for p in parts):
+                raise LiacError(str(self.entries[parts[0]].file), f"tensor '{parts[0]}' is a scalar: must have shape "
+                                f"{list(shape)} for '{canonical}'")
             rows = sum(self.entries[p].shape[0] for p in parts)
             tails = {self.entries[p].shape[1:] for p in parts}
             if len(tails) != 1 or (rows,) + tails.pop() != tuple(shape):

@@ -138,3 +138,80 @@ def test_a_v1_plan_file_is_migrated_and_runs(plan_file, tmp_path, capsys):
         assert main([str(path), "--random-weights", "2", "--emulate-gpu", "--profile-steps", "0"]) == 0
         outputs.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens[0]")])
     assert outputs[0] == outputs[1] and outputs[0]  # the same plan, the same tokens
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 13: output checked before the run (item 5), bounded numbers, Ctrl-C (item 8)
+
+
+def test_an_unwritable_metrics_path_fails_before_the_run(plan_file, tmp_path, capsys, monkeypatch):
+    import liac.runtime.engine as engine_module
+
+    monkeypatch.setattr(engine_module.Engine, "from_plan", lambda *a, **k: pytest.fail("ran before the check"))
+    (tmp_path / "file").write_text("x")
+    _fails([plan_file("cpu"), "--random-weights", "0", "--metrics-out", tmp_path / "file" / "m.json"], capsys,
+           "--metrics-out: cannot write")
+    _fails([plan_file("cpu"), "--random-weights", "0", "--metrics-out", tmp_path], capsys,
+           "is a directory: must name a file")
+
+
+def test_metrics_that_cannot_be_written_at_the_end_still_reach_stdout(plan_file, tmp_path, capsys, monkeypatch):
+    import liac.runtime.metrics as metrics_module
+    from liac.errors import LiacError
+
+    def full(path, metrics):
+        raise LiacError("--metrics-out", "cannot write: No space left on device")
+    monkeypatch.setattr(metrics_module, "write_metrics", full)
+    capsys.readouterr()
+    assert main([str(plan_file("cpu")), "--random-weights", "0", "--profile-steps", "0", "--metrics-out",
+                 str(tmp_path / "m.json")]) == 2
+    captured = capsys.readouterr()
+    assert '"metrics_version": 1' in captured.out  # the run's measurements are not lost
+    assert captured.err.splitlines()[-1] == "lia-run: --metrics-out: cannot write: No space left on device"
+
+
+def test_out_of_range_numbers_are_usage_errors(plan_file, tmp_path, capsys):
+    path = plan_file("cpu")
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps([[1, 2, 10**30]]))
+    _fails([path, "--random-weights", "0", "--prompt-ids", ids], capsys, "token ids")
+    ids.write_text("[[1, NaN]]")
+    _fails([path, "--random-weights", "0", "--prompt-ids", ids], capsys, "not a number JSON allows")
+    capsys.readouterr()
+    assert main([str(path), "--random-weights", str(2**64)]) == 2
+    assert main([str(path), "--random-weights", "0", "--gen-len", str(2**40)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_ctrl_c_while_loading_torch_is_one_line(plan_file, capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "liac.runtime.engine":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    capsys.readouterr()
+    assert main([str(plan_file("cpu")), "--random-weights", "0"]) == 130
+    assert capsys.readouterr().err == "lia-run: interrupted\n"
+
+
+def test_ctrl_c_in_a_real_process_is_one_line_and_130(plan_file, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    metrics = tmp_path / "m.json"
+    proc = subprocess.Popen([sys.executable, "-m", "liac.runtime.cli", str(plan_file("cpu")), "--random-weights", "0",
+                             "--emulate-gpu", "--metrics-out", str(metrics)], stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # inside main(): importing torch or running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:  # it finished before the signal: nothing to check on this machine
+        assert metrics.is_file()
+        return
+    assert proc.returncode == 130 and err.splitlines()[-1:] == ["lia-run: interrupted"], err
+    assert "Traceback" not in err and not metrics.exists()
