@@ -6,29 +6,35 @@
 
 Pipeline per workload point: trace_model (once per model) → annotate_costs → solve_placement → emit_plan.
 Every plan is checked by the plan loader (`liac.plan.parse_plan`, the same checks `liac validate` starts with)
-before anything is written, and written atomically; the sweep's file names are liac/sweep.py's. Re-pricing a
+before anything is written; a sweep is written as one transaction (`liac.fileio.SweepWriter`: the output checked
+and locked before any compute by `output_target`, the old sweep or the new one, never a mix); the sweep's file
+names are liac/sweep.py's. Re-pricing a
 plan that exists (`liac explain`, `liac calibrate`) is `liac.passes.price.price_plan`; the CLI's flag parsers
 are liac/commands/flags.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from liac.errors import InfeasibleError, LiacError
-from liac.fileio import parse_yaml, write_atomic, yaml_dump
+from liac.errors import InfeasibleError, LiacError, brief
+from liac.fileio import SweepWriter, check_writable, parse_yaml, safe_name, write_atomic, yaml_dump
 from liac.models import resolve_model
 from liac.models.config import ModelConfig
 from liac.passes.costs import SPLIT_PERMILLE, CostGraph, TierBudgets, Workload, annotate_costs
 from liac.passes.emit import emit_plan
-from liac.passes.ilp import SolverOptions, SolverReport, parse_policy, solve_placement
-from liac.plan import OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
+from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, parse_policy, price_config,
+                             solve_placement)
+from liac.plan import MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
 from liac.profile import HardwareProfile, resolve_profile
 from liac.schema_tools import to_data
-from liac.sweep import INDEX_API_VERSION, INDEX_KIND, INDEX_NAME, policy_string, read_index
+from liac.sizes import GIB
+from liac.sweep import INDEX_API_VERSION, INDEX_KIND, INDEX_NAME, is_sweep_file, policy_string
 
-__all__ = ["DEFAULT_PROFILE", "CompiledPoint", "CompileResult", "compile_plans", "write_plans"]
+__all__ = ["DEFAULT_PROFILE", "CompiledPoint", "CompileResult", "compile_plans", "compile_budgets", "point_costs",
+           "compile_point", "reprice_point", "write_plans", "output_target"]
 
 DEFAULT_PROFILE = "h200-amx16"  # the project's own machine (liac/profiles/h200-amx16.yaml)
 
@@ -54,7 +60,9 @@ class CompileResult:
     policy: str
 
     def file_name(self, point: CompiledPoint) -> str:
-        return f"{point.plan.metadata.name}.yaml"
+        """`<metadata.name>.yaml`, reduced to a safe file name (the name carries the model's and the profile's,
+        which come from files)."""
+        return f"{safe_name(point.plan.metadata.name)}.yaml"
 
     def index(self) -> dict:
         """The sweep's index.yaml as plain data (see docs/compile.md, "Output")."""
@@ -101,15 +109,88 @@ def _resolve(model, hw):
 def _check_workload(cfg: ModelConfig, batches, prompt_len: int, gen_len: int, objective: str) -> None:
     if not batches:
         raise LiacError("--batch", "must name at least one batch size")
+    for batch in batches:
+        if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BATCH:
+            raise LiacError("--batch", f"batch sizes must be integers from 1 to {MAX_BATCH}, got {brief(batch)}")
     for name, value in (("--prompt-len", prompt_len), ("--gen-len", gen_len)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LiacError(name, f"must be a positive integer, got {value!r}")
+            raise LiacError(name, f"must be a positive integer, got {brief(value)}")
     if prompt_len + gen_len > cfg.max_position:
         raise LiacError("--gen-len", f"prompt_len + gen_len must be at most the model's {cfg.max_position} "
                         f"positions, got {prompt_len + gen_len}")
     if objective not in OBJECTIVES:
-        raise LiacError("--objective", f"unsupported value '{objective}': must be one of "
+        raise LiacError("--objective", f"unsupported value {brief(objective)}: must be one of "
                         + ", ".join(f"'{o}'" for o in OBJECTIVES))
+
+
+def _check_budgets(profile: HardwareProfile, gpu_mem, cpu_mem, cxl_mem) -> None:
+    """A budget is bytes the machine has: at most the tier's capacity in the profile (a plan that assumes more
+    memory than the card has would be refused by the runtime, or worse, be compiled for the wrong machine)."""
+    if cxl_mem and profile.cxl_gib <= 0:
+        raise LiacError("--cxl-mem", f"must be 0: hardware profile '{profile.name}' has no CXL memory")
+    for flag, value, field in (("--gpu-mem", gpu_mem, "gpu_hbm_gib"), ("--cpu-mem", cpu_mem, "cpu_ddr_gib"),
+                               ("--cxl-mem", cxl_mem, "cxl_gib")):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTES:
+            raise LiacError(flag, f"must be a number of bytes from 0 to {MAX_BYTES}, got {brief(value)}")
+        capacity = getattr(profile, field) * GIB
+        if value > capacity:
+            raise LiacError(flag, f"must be at most the {getattr(profile, field):g} GiB hardware profile "
+                                  f"'{profile.name}' has ({field}), got {value / GIB:.1f} GiB: compile for a profile "
+                                  "of the machine the plan will run on ('liac profile -o host.yaml' measures one)")
+
+
+def compile_budgets(profile: HardwareProfile, gpu_mem: int | None = None, cpu_mem: int | None = None,
+                    cxl_mem: int | None = None, prefetch_depth: int = 1) -> TierBudgets:
+    """The TierBudgets a compile works under: each given budget, else the profile's capacity less its reserve."""
+    return TierBudgets(hbm_bytes=profile.gpu_budget_bytes if gpu_mem is None else int(gpu_mem),
+                       ddr_bytes=profile.cpu_budget_bytes if cpu_mem is None else int(cpu_mem),
+                       cxl_bytes=profile.cxl_budget_bytes if cxl_mem is None else int(cxl_mem),
+                       prefetch_depth=prefetch_depth)
+
+
+def point_costs(graph, profile: HardwareProfile, batch: int, prompt_len: int, gen_len: int,
+                budgets: TierBudgets) -> CostGraph:
+    """The CostGraph `compile_plans` solves for one workload point (splits priced at the compiler's grid)."""
+    return annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets, split_permille=SPLIT_PERMILLE)
+
+
+def compile_point(graph, cfg: ModelConfig, profile: HardwareProfile, batch: int, prompt_len: int, gen_len: int,
+                  budgets: TierBudgets, options: SolverOptions, objective: str) -> CompiledPoint:
+    """One workload point: price (`point_costs`), solve, emit. Raises InfeasibleError when nothing fits."""
+    costs = point_costs(graph, profile, batch, prompt_len, gen_len, budgets)
+    assignment, report = solve_placement(costs, options)
+    return CompiledPoint(plan=emit_plan(costs, assignment, report, cfg, objective), costs=costs, report=report)
+
+
+def reprice_point(graph, cfg: ModelConfig, profile: HardwareProfile, plan: OffloadPlan,
+                  budgets: TierBudgets) -> CompiledPoint | None:
+    """A plan re-emitted by the current compiler from the choice it records, without solving: the same costs as
+    `compile_point` (its workload, `budgets`), each layer group's configuration priced afresh as the solver prices
+    its columns (`liac.passes.ilp.price_config`), the buffers and objective assembled as the solver's are, and the
+    solver's report (name, status, gap) carried over. Byte-identical to the file when neither the trace, the cost
+    model, the emitter, the inputs nor the format changed (tests/test_checked_in.py); None when the recorded choice
+    is no longer a valid configuration.
+    """
+    work = plan.spec.workload
+    costs = point_costs(graph, profile, work.batch_size, work.prompt_len, work.gen_len, budgets)
+    choices = []
+    for group in plan.spec.layer_groups:
+        cls = costs.layer_class(group.layer_class)
+        if tuple(s.name for s in group.sublayers) != tuple(cls.units):
+            return None
+        config = price_config(costs, cls, tuple(s.weights for s in group.sublayers), group.kv_cache,
+                              tuple(s.prefill_cpu_permille for s in group.sublayers),
+                              tuple(s.decode_cpu_permille for s in group.sublayers))
+        if config is None:
+            return None
+        choices.append(LayerChoice(group.layer_class, config, group.layer_count))
+    assignment = assemble_assignment(costs, tuple(choices))
+    solver = plan.status.solver
+    report = SolverReport(name=solver.name, status=solver.status, objective_seconds=assignment.objective_seconds,
+                          gap=solver.gap, seconds=0.0, policy="optimal", configurations=0)
+    return CompiledPoint(plan=emit_plan(costs, assignment, report, cfg, work.objective), costs=costs, report=report)
 
 
 def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128, gen_len: int = 32,
@@ -140,14 +221,12 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     batches = tuple(batches)
     _check_workload(cfg, batches, prompt_len, gen_len, objective)
     policy_name = parse_policy(policy).name
-    if cxl_mem and profile.cxl_gib <= 0:
-        raise LiacError("--cxl-mem", f"must be 0: hardware profile '{profile.name}' has no CXL memory")
-    if not isinstance(prefetch_depth, int) or prefetch_depth < 1:
-        raise LiacError("--prefetch-depth", f"must be a positive integer, got {prefetch_depth!r}")
-    budgets = TierBudgets(hbm_bytes=profile.gpu_budget_bytes if gpu_mem is None else int(gpu_mem),
-                          ddr_bytes=profile.cpu_budget_bytes if cpu_mem is None else int(cpu_mem),
-                          cxl_bytes=profile.cxl_budget_bytes if cxl_mem is None else int(cxl_mem),
-                          prefetch_depth=prefetch_depth)
+    _check_budgets(profile, gpu_mem, cpu_mem, cxl_mem)
+    if not isinstance(prefetch_depth, int) or isinstance(prefetch_depth, bool) or \
+            not 1 <= prefetch_depth <= MAX_PREFETCH_DEPTH:
+        raise LiacError("--prefetch-depth", f"must be an integer from 1 to {MAX_PREFETCH_DEPTH}, got "
+                                            f"{brief(prefetch_depth)}")
+    budgets = compile_budgets(profile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth)
     if graph is None:
         from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
 
@@ -155,15 +234,10 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     options = SolverOptions(solver=solver, policy=policy)
     points, infeasible = [], []
     for batch in batches:
-        costs = annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets,
-                               split_permille=SPLIT_PERMILLE)
         try:
-            assignment, report = solve_placement(costs, options)
+            points.append(compile_point(graph, cfg, profile, batch, prompt_len, gen_len, budgets, options, objective))
         except InfeasibleError as e:
             infeasible.append((batch, e))
-        else:
-            plan = emit_plan(costs, assignment, report, cfg, objective)
-            points.append(CompiledPoint(plan=plan, costs=costs, report=report))
         if progress is not None:
             progress(batch)
     if not points:
@@ -184,37 +258,43 @@ def _checked_text(plan: OffloadPlan, source: str) -> str:
     return text
 
 
-def write_plans(result: CompileResult, out: str | Path) -> list[Path]:
+def write_plans(result: CompileResult, out: str | Path, sweep: SweepWriter | None = None) -> list[Path]:
     """Write the plans: to `out` itself when it ends in .yaml and there is one plan, else into directory `out`
-    (one file per point, named `<metadata.name>.yaml`, plus index.yaml). Returns the paths written."""
+    (one file per point, named `<metadata.name>.yaml`, plus index.yaml), as one transaction (`SweepWriter`: the
+    old sweep or the new one, never a mix; the user's other files in `out` are kept). Returns the paths written.
+
+    Args:
+        sweep: the SweepWriter `output_target(out)` opened before compiling (it holds the directory's lock);
+            None to open one here.
+    """
     out = Path(out)
     if out.suffix in (".yaml", ".yml"):
         if len(result.points) != 1 or result.infeasible:
             raise LiacError("-o", f"'{out}' names one file, but the compile has {len(result.points)} plans and "
                             f"{len(result.infeasible)} infeasible points: give a directory")
         text = _checked_text(result.points[0].plan, str(out))
-        write_atomic(out, text)
+        write_atomic(out, text, source="-o")
         return [out]
-    if out.exists() and not out.is_dir():
-        raise LiacError("-o", f"'{out}' exists and is not a directory")
-    texts = {out / result.file_name(p): _checked_text(p.plan, str(out / result.file_name(p)))
-             for p in result.points}
-    stale = _previous_plans(out) - set(texts)
-    written = []
-    for path, text in texts.items():
-        write_atomic(path, text)
-        written.append(path)
-    write_atomic(out / INDEX_NAME, yaml_dump(to_data(result.index())))
-    written.append(out / INDEX_NAME)
-    for path in sorted(stale):  # plans an earlier compile listed here and this one did not rewrite
-        path.unlink(missing_ok=True)
-    return written
+    texts = {result.file_name(p): _checked_text(p.plan, str(out / result.file_name(p))) for p in result.points}
+    texts[INDEX_NAME] = yaml_dump(to_data(result.index()))
+    if sweep is not None:
+        return sweep.commit(texts)
+    with SweepWriter(out, owned=is_sweep_file) as writer:
+        return writer.commit(texts)
 
 
-def _previous_plans(out: Path) -> set[Path]:
-    """Plan files the directory's current index.yaml lists (written by an earlier compile), if any."""
-    doc, problems = read_index(out)
-    if problems or not isinstance(doc, dict) or doc.get("kind") != INDEX_KIND:
-        return set()
-    names = [row.get("file") for row in doc.get("points") or [] if isinstance(row, dict)]
-    return {out / name for name in names if isinstance(name, str) and "/" not in name and name.endswith(".yaml")}
+@contextlib.contextmanager
+def output_target(out: str | Path, source: str = "-o"):
+    """Check where `write_plans` will write before any compute: a .yaml file's directory must be writable; a sweep
+    directory is created if needed, checked and locked (a second compile into it is refused) until the block
+    ends. Yields the SweepWriter to hand to `write_plans` (None for a single file).
+
+        with output_target("plans/opt-30b") as target:
+            write_plans(compile_plans(...), "plans/opt-30b", target)
+    """
+    if Path(out).suffix in (".yaml", ".yml"):
+        check_writable(out, source)
+        yield None
+        return
+    with SweepWriter(out, owned=is_sweep_file, source=source) as writer:
+        yield writer

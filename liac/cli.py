@@ -1,8 +1,10 @@
 """`liac`: the compiler's command line. Thin: parse, call one library function, write, exit.
 
 Each subcommand lives in `liac/commands/<name>.py` with `register(subparsers)`; its handler returns an exit code.
-A `LiacError` prints as one line on stderr and exits 2; anything else is a bug and keeps its traceback. Exit codes
-(docs/cli.md): 0 success, 1 a negative result, 2 bad input, 3 some compile points infeasible, 130 interrupted.
+A `LiacError` prints as one line on stderr and exits 2, as does an OSError (a file or directory the system refused:
+name too long, no space left); Ctrl-C anywhere, imports included, prints one line and exits 130 (every writer is
+atomic, so nothing is half-written); anything else is a bug and keeps its traceback. Exit codes (docs/cli.md):
+0 success, 1 a negative result, 2 bad input, 3 some compile points infeasible, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import sys
 from importlib import metadata
 
 import liac
-from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError
+from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 
-__all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser"]
+__all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser", "report_os_error", "interrupted"]
 
 COMMANDS = ("inspect", "compile", "validate", "explain", "diff", "docs", "profile", "calibrate", "demo")
 
@@ -50,15 +52,36 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def interrupted(command: str) -> int:
+    """Ctrl-C: one line on stderr; returns exit status 130."""
+    sys.stderr.write(f"{command}: interrupted\n")
+    # Note: a KeyboardInterrupt that passed through C++ running Python code (pybind11's exec inside torch, for
+    # one) leaves CPython's "unhandled KeyboardInterrupt" flag set, and the interpreter would then end by killing
+    # itself with SIGINT instead of exiting 130. Running a string through exec() resets that flag.
+    exec("")  # noqa: S102
+    return EXIT_INTERRUPTED
+
+
+def report_os_error(e: OSError) -> str:
+    """An OSError as one line: the file it is about and the system's reason."""
+    where = f"{brief(str(e.filename), 120, quote=False)}: " if e.filename is not None else ""
+    return f"{where}{e.strerror or brief(str(e), 200, quote=False)}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    command = "liac"
     try:
+        args = build_parser().parse_args(argv)  # inside the try: Ctrl-C while the commands import is one line
+        command = f"liac {args.command}"
         return int(args.func(args) or 0)
     except LiacError as e:
-        sys.stderr.write(f"liac {args.command}: {e.line()}\n")
+        sys.stderr.write(f"{command}: {e.line()}\n")
+        return EXIT_USER_ERROR
+    except OSError as e:
+        sys.stderr.write(f"{command}: {report_os_error(e)}\n")
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return interrupted(command)
 
 
 if __name__ == "__main__":

@@ -451,6 +451,14 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
         for low, high in ((first, middle), (middle + 1, last)):
             heapq.heappush(heap, (max(floor, bounds.bound(low, high)), low, high, False))
     if best is None:
+        open_levels = np.flatnonzero(~(solved == np.inf))  # neither a plan nor a proof that none exists
+        if open_levels.size:
+            # The solver stopped at its work limit there (or had numerical trouble on a huge model). Saying
+            # "infeasible" would be a lie that the other solver, or a larger limit, can contradict.
+            raise LiacError("compile", f"the {solver_name} solver stopped at staging level "
+                                       f"{_size(levels[open_levels[0]])} without a plan or a proof that none exists "
+                                       f"(work limits: {options.max_states} states, {options.node_limit} nodes): "
+                                       f"retry with --solver {'cbc' if solver_name == 'HiGHS' else 'highs'}")
         _diagnose(costs, configs, solver)
     for bound, first, last, _ in heap:  # closed by their bounds: a solved relaxation's, or the multipliers'
         if bound > bounds.bound(first, last) * (1 + 1e-12):
@@ -582,6 +590,8 @@ def _diagnose(costs: CostGraph, configs: dict[str, list[LayerConfig]], solver) -
                          f"allows {_size(allowed)} (short by {_size(short)})")
             if short > worst[1]:
                 worst = (tier, int(short))
-    if not parts:  # cannot happen when the elastic problem solved; keep the error honest anyway
-        parts.append("no placement fits the memory budgets")
+    if not parts:  # the elastic problem needs no extra memory: the budgets fit, the solver failed to see it
+        raise LiacError("compile", f"the {'HiGHS' if isinstance(solver, pulp.HiGHS) else 'CBC'} solver found no "
+                                   "plan although the memory budgets suffice (numerical trouble on this model): retry "
+                                   "with the other --solver")
     raise InfeasibleError("compile", "; ".join(parts), tier=worst[0], short_bytes=worst[1])

@@ -406,8 +406,10 @@ def plan_profile(plan: OffloadPlan, hw: HardwareProfile | str | None = None) -> 
         LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
     """
     spec = plan.spec
-    profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile") if hw is None else (
-        hw if isinstance(hw, HardwareProfile) else resolve_profile(hw))
+    # The name a plan records resolves among the shipped profiles only (and this host's): a plan must not make liac
+    # open, and quote in an error, an arbitrary file; a user's own profile comes through `hw` (--hw).
+    profile = resolve_profile(spec.hardware.profile, source="spec.hardware.profile", shipped_only=True) \
+        if hw is None else (hw if isinstance(hw, HardwareProfile) else resolve_profile(hw))
     if hw is None and profile.sha256() != spec.hardware.sha256:
         raise LiacError("spec.hardware.sha256", f"profile '{profile.name}' has changed since the plan was compiled "
                         "(sha256 differs): pass the profile file it was compiled with")

@@ -35,6 +35,8 @@ def test_profile_loads_and_records_what_was_measured(measured):
 
 def test_measured_profile_compiles(measured, tmp_path):
     out = tmp_path / "plan.yaml"
-    assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "--gpu-mem", "1GiB",
-                 "-o", str(out)]) == 0
+    assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "-o", str(out)]) == 0
     assert out.read_text().count("profile: host") == 1
+    # measured without a GPU, the profile has no GPU memory: a GPU budget is more than this machine has
+    assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "--gpu-mem", "1GiB",
+                 "-o", str(out)]) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from liac.commands.flags import positive_int
 from liac.errors import LiacError
-from liac.fileio import write_atomic
+from liac.fileio import check_writable, write_atomic
 from liac.profile import resolve_profile
 
 __all__ = ["register", "run"]
@@ -56,6 +56,9 @@ def run(args) -> int:
         raise LiacError("--output", f"must end in '.yaml' or '.yml', got '{args.output}'")
     if args.report and Path(args.report).suffix != ".json":
         raise LiacError("--report", f"must end in '.json', got '{args.report}'")
+    check_writable(out, "--output")  # before the fit
+    if args.report:
+        check_writable(args.report, "--report")
     base = resolve_profile(args.hw)
     runs = load_measurements(args.metrics, args.plans, profile_steps=profile_steps)
     held = load_measurements(args.judge, args.plans, profile_steps=profile_steps) if args.judge else []
@@ -71,9 +74,9 @@ def run(args) -> int:
     data = report_data(result, base)
     if held_out is not None:
         data["held_out"] = held_out
-    write_atomic(out, text)
+    write_atomic(out, text, source="--output")
     if args.report:
-        write_atomic(args.report, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_atomic(args.report, json.dumps(data, indent=2, sort_keys=True) + "\n", source="--report")
     if args.format == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
     else:

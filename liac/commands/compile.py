@@ -62,32 +62,34 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.api import compile_plans, write_plans  # late import: the compiler loads numpy and pulp
+    from liac.api import compile_plans, output_target, write_plans  # late import: the compiler loads numpy and pulp
 
     sizes = {name: parse_bytes(value, f"--{name.replace('_', '-')}") if value is not None else None
              for name, value in (("gpu_mem", args.gpu_mem), ("cpu_mem", args.cpu_mem), ("cxl_mem", args.cxl_mem))}
     batches = parse_batches(args.batch)
     cfg = resolve_model(args.model)  # before a first-use probe: a mistyped model answers at once
-    if args.hw in (None, HOST_PROFILE):
-        hw = host_profile(say=lambda text: sys.stderr.write(f"liac compile: {text}\n"))
-    else:
-        hw = args.hw
     human = sys.stderr if args.json else sys.stdout
     try:
-        with progress_bar(len(batches), f"compile {cfg.name}", unit="point") as bar:
-            def solved(batch: int) -> None:
-                bar.set_postfix_str(f"batch {batch}", refresh=False)
-                bar.update(1)
+        # The output is checked (and a sweep directory locked) before any compute: an unwritable -o fails at once.
+        with output_target(args.output) as target:
+            if args.hw in (None, HOST_PROFILE):
+                hw = host_profile(say=lambda text: sys.stderr.write(f"liac compile: {text}\n"))
+            else:
+                hw = args.hw
+            with progress_bar(len(batches), f"compile {cfg.name}", unit="point") as bar:
+                def solved(batch: int) -> None:
+                    bar.set_postfix_str(f"batch {batch}", refresh=False)
+                    bar.update(1)
 
-            result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len, gen_len=args.gen_len,
-                                   objective=args.objective, policy=args.policy, solver=args.solver,
-                                   prefetch_depth=args.prefetch_depth, progress=solved, **sizes)
+                result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len, gen_len=args.gen_len,
+                                       objective=args.objective, policy=args.policy, solver=args.solver,
+                                       prefetch_depth=args.prefetch_depth, progress=solved, **sizes)
+            written = write_plans(result, args.output, target)
     except InfeasibleError as e:  # no point fits: nothing is written
         sys.stderr.write(f"liac compile: {e.line()}\n")
         if args.json:
             _print_json({"error": e.line(), "written": []})
         return EXIT_INFEASIBLE
-    written = write_plans(result, args.output)
     human.write(summary_table(result))
     where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + {INDEX_NAME})"
     human.write(f"wrote {where}\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from liac import host
 from liac.errors import LiacError
+from liac.fileio import check_writable
 from liac.profile import host_profile_path, resolve_profile
 
 __all__ = ["register", "run"]
@@ -40,6 +41,7 @@ def run(args) -> int:
     out = Path(args.output) if args.output else host_profile_path()
     if out.suffix not in (".yaml", ".yml"):
         raise LiacError("--output", f"must end in '.yaml' or '.yml', got '{args.output}'")
+    check_writable(out, "--output")  # before minutes of measuring
     isa = host.cpu_isa()
     if not isa.has_amx:
         sys.stderr.write(f"liac profile: warning: this CPU has no AMX (widest bf16 ISA: {isa.name}, from "
