@@ -41,7 +41,8 @@ from liac.passes.price import layer_time, operand_tiers
 from liac.plan import HOST_TIERS
 
 __all__ = ["SolverOptions", "Policy", "LayerConfig", "LayerChoice", "Assignment", "SolverReport", "POLICIES", "WHOLE",
-           "parse_policy", "phase_placements", "layer_configs", "solve_placement"]
+           "parse_policy", "phase_placements", "layer_configs", "price_config", "assemble_assignment",
+           "solve_placement"]
 
 # Fixed policies of LIA (lia-paper.md §2.3) over the six decoder units (qkv, attn_score, attn_context, out_proj,
 # fc1/gate_up/router, fc2/down/experts), 1 = GPU. Each also allows LIA's Optimization-1: whole layers resident
@@ -303,12 +304,7 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         chain = (pre.chain[:, None] + dec.chain[None, :]).ravel()[pairs]
         keep = pairs[_front(seconds.ravel()[pairs], staging.ravel()[pairs], uses_gpu.ravel()[pairs],
                             prefer=(splits, chain))]
-        memory = {"hbm": 0, "ddr": 0, "cxl": 0}
-        for unit, tier in enumerate(weights):
-            if tier != "none":
-                memory[tier] += cls.weight_bytes[unit]
-        if kv != "none":
-            memory[kv] += cls.kv_cache_bytes
+        memory = _tier_bytes(cls, weights, kv)
         parts.append((tuple(weights), kv, memory, pre, dec, keep // dec.seconds.size, keep % dec.seconds.size))
     if not parts:
         return []
@@ -347,6 +343,58 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     return out
 
 
+def _tier_bytes(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> dict[str, int]:
+    """Bytes one layer keeps in each tier: its units' weights and its KV cache."""
+    memory = {"hbm": 0, "ddr": 0, "cxl": 0}
+    for unit, tier in enumerate(weights):
+        if tier != "none":
+            memory[tier] += cls.weight_bytes[unit]
+    if kv_cache != "none":
+        memory[kv_cache] += cls.kv_cache_bytes
+    return memory
+
+
+def _config(weights, kv_cache, prefill, decode, prefill_seconds, decode_seconds, prefill_staging, decode_staging,
+            memory) -> LayerConfig:
+    return LayerConfig(weights=weights, kv_cache=kv_cache, prefill_cpu_permille=prefill, decode_cpu_permille=decode,
+                       prefill_seconds=prefill_seconds, decode_seconds=decode_seconds, hbm_bytes=memory["hbm"],
+                       ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
+                       staging_bytes=int(np.ceil(max(prefill_staging, decode_staging))),
+                       uses_gpu=min(prefill) < 1000 or min(decode) < 1000)
+
+
+def price_config(costs: CostGraph, cls: ClassCosts, weights: tuple[str, ...], kv_cache: str,
+                 prefill_cpu_permille: tuple[int, ...], decode_cpu_permille: tuple[int, ...]) -> LayerConfig | None:
+    """One given configuration of a layer of `cls`, priced as `layer_configs` prices its columns; None when the
+    rules forbid it (`price.layer_time` marks it invalid). Re-prices a plan's recorded choice without solving
+    (`liac.api.reprice_point`, tests/test_checked_in.py)."""
+    operands = operand_tiers(cls, tuple(weights), kv_cache)
+    priced = {}
+    for phase, permille in (("prefill", prefill_cpu_permille), ("decode", decode_cpu_permille)):
+        time = layer_time(costs, cls, phase, operands, np.array([permille], dtype=np.int64))
+        if not time.valid[0]:
+            return None
+        priced[phase] = (float(time.seconds[0]), float(time.staging_bytes[0]))
+    return _config(tuple(weights), kv_cache, tuple(prefill_cpu_permille), tuple(decode_cpu_permille),
+                   priced["prefill"][0], priced["decode"][0], priced["prefill"][1], priced["decode"][1],
+                   _tier_bytes(cls, tuple(weights), kv_cache))
+
+
+def assemble_assignment(costs: CostGraph, choices: tuple[LayerChoice, ...]) -> Assignment:
+    """The configurations and counts chosen per class → the Assignment: the shared buffers sized by the choices
+    (the staging level only bounds them from above), the objective, a tied embedding held once."""
+    staging_bytes = max((c.staging_bytes for _, c, _ in choices), default=0)
+    workspace_bytes = max((costs.layer_class(name).workspace_bytes for name, c, _ in choices if c.uses_gpu),
+                          default=0)
+    objective = sum(config.seconds * n for _, config, n in choices)
+    ends = {name: c.weights_tier for name, c, _ in choices if name in ("embed", "head")}
+    tied_tier = ends["embed"] if costs.tied_weight_bytes and ends["embed"] == ends["head"] else "none"
+    return Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
+                      host_workspace_bytes=max(c.host_workspace_bytes for c in costs.classes),
+                      objective_seconds=objective, tied_tier=tied_tier,
+                      tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
+
+
 def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) -> tuple[Assignment, SolverReport]:
     """CostGraph → the optimal Assignment and how it was found.
 
@@ -376,18 +424,10 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
             value = solution.counts.get((cls.layer_class, index), 0)
             if value:
                 choices.append(LayerChoice(cls.layer_class, config, value))
-    # Buffers: recomputed from the choices (the level only bounds them from above).
-    staging_bytes = max((c.staging_bytes for _, c, _ in choices), default=0)
-    workspace_bytes = max((costs.layer_class(name).workspace_bytes for name, c, _ in choices if c.uses_gpu),
-                          default=0)
-    objective = sum(config.seconds * n for _, config, n in choices)
-    ends = {name: c.weights_tier for name, c, _ in choices if name in ("embed", "head")}
-    tied_tier = ends["embed"] if costs.tied_weight_bytes and ends["embed"] == ends["head"] else "none"
-    assignment = Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
-                            host_workspace_bytes=max(c.host_workspace_bytes for c in costs.classes), objective_seconds=objective,
-                            tied_tier=tied_tier, tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
+    assignment = assemble_assignment(costs, tuple(choices))
     gap = check_solution(costs, assignment, solution.certificate, configs)
     report = SolverReport(name=solution.solver, status="optimal" if gap == 0.0 else "feasible",
-                          objective_seconds=objective, gap=gap, seconds=time.perf_counter() - start,
-                          policy=policy.name, configurations=len(configs["decoder"]))
+                          objective_seconds=assignment.objective_seconds, gap=gap,
+                          seconds=time.perf_counter() - start, policy=policy.name,
+                          configurations=len(configs["decoder"]))
     return assignment, report

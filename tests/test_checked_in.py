@@ -1,35 +1,53 @@
-"""The checked-in artifacts are fresh (like a lock file) and valid.
+"""The checked-in artifacts are fresh (like a lock file) and valid, without re-solving every point.
 
-plans/, docs/plans/*.md and docs/plan-format.md are regenerated into a temporary directory with the current code
-(`liac.artifacts.refresh.refresh_artifacts`, what scripts/refresh-artifacts runs) and compared with what is
-committed: plans byte for byte, pages as text. Figures are not compared byte for byte (PNG bytes change with the
-matplotlib/FreeType version); their file names hash the data they plot and the drawing code, so a page's text
-changes whenever one of its figures would, and the test checks that every figure a page names is committed.
+How (docs/architecture.md, "Checked-in plans"; liac/artifacts/refresh.py):
 
-Marked slow, and justified: regenerating every sweep (six models × five profiles, BATCHES of refresh.py) takes
-about one to two minutes on two cores; it runs once for the whole module and in the default test run.
+1. plans/, docs/plans/*.md and docs/plan-format.md are rebuilt into a temporary directory by the same code as
+   `make artifacts` (`refresh_artifacts(..., reuse=REPO)`), except that each committed plan is *re-priced* from
+   the choice it records instead of solved: traced with the current tracer, priced with the current profile and
+   cost model, emitted and serialised with the current code (`liac.api.reprice_point`). Points without a
+   committed plan (infeasible ones, new batches) are solved. The result is compared with what is committed:
+   plans byte for byte, pages as text. Any change to the trace, the costs of the chosen placements, the
+   emitter, the format, the profiles or the zoo shows here.
+2. What re-pricing cannot see is the solver choosing differently. plans/sweeps.yaml records
+   `decision_fingerprint()`, a hash of the code that decides (passes/, the models, the profile and compile
+   code; comments and docstrings ignored): when it changed, the catalog is stale and this test names
+   `make artifacts`, which re-solves everything.
+3. A few points, chosen by that fingerprint (so each code state checks the same ones, and a change of the
+   decision code rotates them), are re-solved in full and must give the committed bytes: a guard against an
+   environment (solver, numpy) that decides differently.
+
+Figures are not compared byte for byte (PNG bytes change with matplotlib/FreeType); their file names hash the
+data they plot and the drawing code, so a page's text changes whenever one of its figures would, and the test
+checks that every figure a page names is committed. Re-solving every point (`make artifacts`) takes minutes on
+two cores and depends on the machine's speed (the solver's time limit); this check takes seconds and does not.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from liac.artifacts.refresh import MODELS, PROFILES, refresh_artifacts
+from liac.artifacts.refresh import (BATCHES, GEN_LEN, MODELS, PROFILES, PROMPT_LEN, _code_text, decision_fingerprint,
+                                    refresh_artifacts)
 from liac.artifacts.validate import validate_path
 
 REPO = Path(__file__).resolve().parents[1]
 REFRESH = "run scripts/refresh-artifacts (or `make artifacts`) and commit plans/ and docs/"
-
-pytestmark = pytest.mark.slow
+RESOLVED_POINTS = 3
+# Whose points the re-solved sample draws from: the CXL profile's solves take 2-60 s each (its placement space is
+# ~10x larger); the fingerprint covers them like every other point.
+SAMPLED_PROFILES = tuple(p for p in PROFILES if p != "spr-h100-cxl")
 
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
     root = tmp_path_factory.mktemp("artifacts")
-    refresh_artifacts(root)
+    refresh_artifacts(root, jobs=1, reuse=REPO)  # in this process: the traces are shared with the other tests
     return root
 
 
@@ -79,8 +97,6 @@ def test_every_checked_in_sweep_validates():
 
 
 def test_catalog_covers_the_whole_set():
-    import yaml
-
     catalog = yaml.safe_load((REPO / "plans" / "sweeps.yaml").read_text())
     pairs = {(entry["model"], entry["hardware"]) for entry in catalog["sweeps"]}
     assert pairs == {(model, profile) for model in MODELS for profile in PROFILES}
@@ -88,3 +104,63 @@ def test_catalog_covers_the_whole_set():
         assert ("directory" in entry) != ("reason" in entry)
         if "directory" in entry:
             assert (REPO / "plans" / entry["directory"] / "index.yaml").is_file()
+
+
+def test_the_decision_code_is_the_one_the_plans_were_solved_with():
+    catalog = yaml.safe_load((REPO / "plans" / "sweeps.yaml").read_text())
+    assert catalog["decision_code_sha256"] == decision_fingerprint(), (
+        "the code that decides placements (liac.artifacts.refresh.DECISION_CODE) changed since plans/ was solved: "
+        + REFRESH)
+
+
+def _sample() -> list[Path]:
+    committed = sorted(path for profile in SAMPLED_PROFILES for path in (REPO / "plans").glob(f"*.{profile}/*.yaml")
+                       if path.name != "index.yaml")
+    return random.Random(decision_fingerprint()).sample(committed, RESOLVED_POINTS)
+
+
+def test_a_sample_of_points_re_solves_to_the_committed_plans():
+    from liac.api import compile_plans
+    from liac.plan import load_plan, plan_to_yaml
+
+    for path in _sample():
+        plan = load_plan(path)
+        work = plan.spec.workload
+        assert (work.prompt_len, work.gen_len) == (PROMPT_LEN, GEN_LEN) and work.batch_size in BATCHES
+        result = compile_plans(plan.spec.model.name, plan.spec.hardware.profile, batches=(work.batch_size,),
+                               prompt_len=PROMPT_LEN, gen_len=GEN_LEN)
+        assert plan_to_yaml(result.points[0].plan) == path.read_text(), f"{path} differs when re-solved: {REFRESH}"
+
+
+def test_repricing_sees_a_change_of_the_cost_model(monkeypatch):
+    """The check's premise: a plan re-priced by changed code differs from the committed file (here, every CPU
+    rate 1 % slower), and re-priced by the current code equals it."""
+    from liac.api import compile_budgets, reprice_point
+    from liac.models import resolve_model
+    from liac.passes.trace import trace_model
+    from liac.plan import load_plan, plan_to_yaml
+    from liac.profile import resolve_profile
+
+    path = REPO / "plans" / "opt-30b.spr-h100" / "opt-30b.spr-h100.b256-p128-g32.yaml"  # units on the CPU
+    plan = load_plan(path)
+    cfg, profile = resolve_model("opt-30b"), resolve_profile("spr-h100")
+    graph = trace_model(cfg)
+    point = reprice_point(graph, cfg, profile, plan, compile_budgets(profile))
+    assert plan_to_yaml(point.plan) == path.read_text()
+    import liac.passes.costs as costs
+
+    original = costs.cpu_node_prices
+
+    def slower(*args, **kwargs):
+        seconds, beside = original(*args, **kwargs)
+        return seconds * 1.01, beside
+    monkeypatch.setattr(costs, "cpu_node_prices", slower)
+    changed = reprice_point(graph, cfg, profile, plan, compile_budgets(profile))
+    assert plan_to_yaml(changed.plan) != path.read_text()
+
+
+def test_the_fingerprint_ignores_prose_but_not_code():
+    code = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    assert _code_text(code) == _code_text('def f(x):\n\n    # a comment\n    """Other doc."""\n    return x + 1\n')
+    assert _code_text(code) != _code_text(code.replace("x + 1", "x + 2"))
+    assert _code_text('s = f"{a}b"\n') != _code_text('s = f"{a}c"\n')
