@@ -52,9 +52,9 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-def interrupted(command: str) -> int:
-    """Ctrl-C: one line on stderr; returns exit status 130."""
-    sys.stderr.write(f"{command}: interrupted\n")
+def interrupted(command: str, note: str = "") -> int:
+    """Ctrl-C: one line on stderr ('<command>: interrupted (<note>)'); returns exit status 130."""
+    sys.stderr.write(f"{command}: interrupted" + (f" ({note})" if note else "") + "\n")
     # Note: a KeyboardInterrupt that passed through C++ running Python code (pybind11's exec inside torch, for
     # one) leaves CPython's "unhandled KeyboardInterrupt" flag set, and the interpreter would then end by killing
     # itself with SIGINT instead of exiting 130. Running a string through exec() resets that flag.

@@ -22,28 +22,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 # torch-free imports only: torch loads inside run(), within main()'s try, so the flags answer at once and Ctrl-C
 # while it loads is one line (tests/runtime/test_lia_run.py checks both)
 from liac.cli import OneLineParser, interrupted, report_os_error, version_text
-from liac.errors import EXIT_USER_ERROR, LiacError, brief
+from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 from liac.fileio import MAX_JSON_BYTES, check_writable, load_json, read_text
 from liac.hub import resolve_checkpoint
 from liac.models.config import DTYPES
 from liac.progress import progress_bar
 from liac.runtime.sweep import is_sweep, plan_for_request
 from liac.runtime.text import decode, encode_prompts, load_tokenizer, pad_token_id
-
-if TYPE_CHECKING:
-    from liac.runtime.engine import Generation
-    from liac.runtime.sequences import PromptBatch
+# (PromptBatch and Generation in annotations are liac.runtime.sequences' and .engine's, imported where used: the
+# annotations are never evaluated.)
 
 __all__ = ["main", "build_parser", "read_prompt_ids", "read_prompt_file", "EXIT_INTERRUPTED"]
-
-EXIT_INTERRUPTED = 130
 
 
 def _checked(convert, ok, rule: str):
@@ -193,7 +189,7 @@ def _check_batch_flag(args, size: int, what: str) -> None:
 
 
 def _choose_plan(args, request: _Request) -> str:
-    if not is_sweep(args.plan):
+    if not is_sweep(args.plan) and not os.path.isdir(args.plan):  # a directory that is no sweep: one line says so
         return args.plan
     batch = request.batch.size if request.batch is not None else (args.batch or 1)
     prompt_len = request.batch.width if request.batch is not None else args.prompt_len
@@ -266,7 +262,7 @@ def run(args) -> int:
     # late imports: torch loads here, inside main(), where Ctrl-C is one line
     import torch
 
-    from liac.runtime.engine import Engine, RandomWeights, check_request, resolve_plan
+    from liac.runtime.engine import DTYPES as TORCH_DTYPES, Engine, RandomWeights, check_request, resolve_plan
     from liac.runtime.metrics import build_metrics, summary_lines, write_metrics
     from liac.runtime.sampling import SamplingParams
     from liac.runtime.sequences import PromptBatch
@@ -292,7 +288,7 @@ def run(args) -> int:
     weights = RandomWeights(args.random_weights) if args.random_weights is not None else args.weights
     tty = sys.stderr.isatty()
     with Engine.from_plan(plan_path, weights, emulate_gpu=True if args.emulate_gpu else None, progress=tty,
-                          tokenizer=request.tokenizer, dtype=DTYPES[args.dtype] if args.dtype else None,
+                          tokenizer=request.tokenizer, dtype=TORCH_DTYPES[args.dtype] if args.dtype else None,
                           warm_up=False if args.no_warm_up else (request.batch.size, request.batch.width)) as engine:
         text = request.texts is not None
         eos = engine.text.eos_ids() if text and not args.ignore_eos else ()

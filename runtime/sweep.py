@@ -15,8 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from liac.errors import LiacError
-from liac.fileio import read_yaml
+from liac.errors import LiacError, brief
+from liac.fileio import inside, read_yaml
 from liac.sweep import INDEX_KIND, INDEX_NAME
 
 __all__ = ["SweepPoint", "is_sweep", "sweep_points", "plan_for_request"]
@@ -75,15 +75,18 @@ def sweep_points(path: str | os.PathLike) -> list[SweepPoint]:
         if not isinstance(row, dict):
             raise LiacError(source, "must be a mapping", path=where)
         name = row.get("file")
-        if not isinstance(name, str) or not name.endswith((".yaml", ".yml")) or "/" in name or "\\" in name:
-            raise LiacError(source, f"must name a plan file beside the index, got {name!r}", path=f"{where}.file")
+        file = inside(index.parent, name, source, path=f"{where}.file")  # no absolute path, no '..'
+        if file.name != name or not name.endswith((".yaml", ".yml")) or "\\" in name:
+            raise LiacError(source, f"must name a plan file beside the index, got {brief(name)}",
+                            path=f"{where}.file")
         sizes = []
         for key in ("batch_size", "prompt_len", "gen_len"):
             value = row.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise LiacError(source, f"must be a positive integer, got {value!r}", path=f"{where}.{key}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31:
+                raise LiacError(source, f"must be a positive integer below 2^31, got {brief(value)}",
+                                path=f"{where}.{key}")
             sizes.append(value)
-        points.append(SweepPoint(index.parent / name, *sizes))
+        points.append(SweepPoint(file, *sizes))
     return points
 
 

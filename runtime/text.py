@@ -21,8 +21,16 @@ from pathlib import Path
 from typing import Sequence
 
 from liac.errors import LiacError
+from liac.fileio import load_json
 
-__all__ = ["load_tokenizer", "encode_prompts", "eos_token_ids", "pad_token_id", "decode", "is_batch_encoding",
+# The files transformers may open in a checkpoint directory for its tokenizer (and the generation config liac reads):
+# each must be a regular file, so a FIFO or a device planted under one of these names cannot block the run.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+                   "chat_template.jinja", "chat_template.json", "tokenizer.tiktoken", "config.json",
+                   "generation_config.json")
+
+__all__ = ["TOKENIZER_FILES", "load_tokenizer", "encode_prompts", "eos_token_ids", "pad_token_id", "decode", "is_batch_encoding",
            "TokenizerSource"]
 
 
@@ -45,6 +53,10 @@ def load_tokenizer(directory: str | os.PathLike):
     transformers = _transformers(str(directory))
     if not directory.is_dir():
         raise LiacError(str(directory), "must be a checkpoint directory holding the model's tokenizer files")
+    for name in TOKENIZER_FILES:
+        path = directory / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            raise LiacError(str(path), "must be a regular file (the tokenizer is read from it)")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
@@ -93,9 +105,9 @@ def eos_token_ids(tokenizer, directory: str | os.PathLike | None = None) -> tupl
         ids.append(tokenizer.eos_token_id)
     if directory is not None:
         path = Path(directory) / "generation_config.json"
-        try:
-            value = json.loads(path.read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
+        try:  # through liac.fileio: a regular file, bounded, no NaN
+            value = load_json(path, str(path)).get("eos_token_id") if path.is_file() else None
+        except (LiacError, AttributeError):
             value = None
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, int) and not isinstance(item, bool):

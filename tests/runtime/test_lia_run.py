@@ -5,6 +5,8 @@ stdout carries what was generated (token ids here; text in test_lia_run_text.py)
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,7 +197,7 @@ def test_ctrl_c_while_loading_torch_is_one_line(plan_file, capsys, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", interrupted)
     capsys.readouterr()
     assert main([str(plan_file("cpu")), "--random-weights", "0"]) == 130
-    assert capsys.readouterr().err == "lia-run: interrupted\n"
+    assert capsys.readouterr().err.strip() == "lia-run: interrupted (nothing was written)"
 
 
 def test_ctrl_c_in_a_real_process_is_one_line_and_130(plan_file, tmp_path):
@@ -207,11 +209,106 @@ def test_ctrl_c_in_a_real_process_is_one_line_and_130(plan_file, tmp_path):
     metrics = tmp_path / "m.json"
     proc = subprocess.Popen([sys.executable, "-m", "liac.runtime.cli", str(plan_file("cpu")), "--random-weights", "0",
                              "--emulate-gpu", "--metrics-out", str(metrics)], stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # inside main(): importing torch or running
+    # Signal once torch's library is mapped: the process is then inside main() (torch loads there), whatever the
+    # machine's load; the interpreter's own start-up, before liac's code runs, is out of reach by design.
+    maps = f"/proc/{proc.pid}/maps"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with open(maps) as handle:
+                if "libtorch" in handle.read():
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:  # it finished before the signal: nothing to check on this machine
         assert metrics.is_file()
         return
-    assert proc.returncode == 130 and err.splitlines()[-1:] == ["lia-run: interrupted"], err
+    assert proc.returncode == 130 and err.splitlines()[-1:] == ["lia-run: interrupted (nothing was written)"], err
     assert "Traceback" not in err and not metrics.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 13 for the text inputs: --prompt-file, a sweep directory as the plan, --weights names
+
+
+def test_a_prompt_file_is_read_safely(plan_file, tmp_path, capsys, monkeypatch):
+    """Regular UTF-8 files only, bounded: a FIFO or a device never blocks the run, and every refusal is one line
+    naming --prompt-file and the file, before anything is loaded."""
+    import io
+
+    import liac.runtime.cli as cli
+
+    path = plan_file("cpu")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    _fails([path, "--random-weights", "0", "--prompt-file", fifo], capsys,
+           f"--prompt-file '{fifo}': must be a regular file")
+    _fails([path, "--random-weights", "0", "--prompt-file", "/dev/zero"], capsys, "must be a regular file")
+    _fails([path, "--random-weights", "0", "--prompt-file", tmp_path], capsys, "must be a regular file")
+    _fails([path, "--random-weights", "0", "--prompt-file", tmp_path / "none.txt"], capsys,
+           "none.txt': cannot read: No such file or directory")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\xe9\n".encode("latin-1"))
+    _fails([path, "--random-weights", "0", "--prompt-file", latin], capsys, "must be UTF-8 text (byte 3 is not)")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    _fails([path, "--random-weights", "0", "--prompt-file", blank], capsys, "holds no prompt")
+    big = tmp_path / "big.txt"
+    big.write_text("the prompt\n" * 20)
+    monkeypatch.setattr(cli, "MAX_PROMPT_FILE_BYTES", 100)
+    _fails([path, "--random-weights", "0", "--prompt-file", big], capsys, "is 220 bytes: must be at most 100 bytes")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"x" * 101)))
+    _fails([path, "--random-weights", "0", "--prompt-file", "-"], capsys,
+           "--prompt-file -: standard input must be at most 100 bytes")
+    ok = tmp_path / "ok.txt"
+    ok.write_text("a\n\n  \nb\n")
+    assert cli.read_prompt_file(str(ok)) == ["a", "b"]  # blank lines skipped
+
+
+def _sweep(tmp_path, plan_path, rows) -> Path:
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / plan_path.name).write_bytes(plan_path.read_bytes())
+    (sweep / "index.yaml").write_text(yaml.safe_dump({"kind": "OffloadPlanIndex", "points": rows}))
+    return sweep
+
+
+def test_a_sweep_directory_as_the_plan_reads_only_inside_it(plan_file, tmp_path, capsys):
+    plan = plan_file("cpu")  # tmp_path/cpu.yaml: beside the sweep directory, outside it
+    row = {"batch_size": 2, "prompt_len": 6, "gen_len": 5}
+    sweep = _sweep(tmp_path, plan, [{"file": "../cpu.yaml", **row}])
+    _fails([sweep, "--random-weights", "0"], capsys, "points[0].file: must name a file inside")
+    (sweep / "index.yaml").write_text(f"kind: OffloadPlanIndex\npoints: [{{file: {plan}, batch_size: 2, "
+                                      "prompt_len: 6, gen_len: 5}]\n")
+    _fails([sweep, "--random-weights", "0"], capsys, "no absolute path")
+    (sweep / "index.yaml").write_text("a: &a [1]\nkind: OffloadPlanIndex\npoints: *a\n")
+    _fails([sweep / "index.yaml", "--random-weights", "0"], capsys, "aliases")
+    (sweep / "index.yaml").unlink()
+    os.mkfifo(sweep / "index.yaml")  # never opened: not a regular file
+    _fails([sweep, "--random-weights", "0"], capsys, "must be a plan file or a sweep directory holding 'index.yaml'")
+    (sweep / "index.yaml").unlink()
+    _fails([sweep, "--random-weights", "0"], capsys, "must be a plan file or a sweep directory holding 'index.yaml'")
+    (tmp_path / "g").mkdir()
+    good = _sweep(tmp_path / "g", plan, [{"file": "cpu.yaml", **row}])
+    capsys.readouterr()
+    assert main([str(good), "--random-weights", "0", "--emulate-gpu", "--profile-steps", "0", "--gen-len", "2"]) == 0
+    assert "running cpu.yaml" in capsys.readouterr().err
+
+
+def test_weights_names_are_checked(plan_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = plan_file("cpu")
+    for name in ("../../etc", "org/../x", "a/b/c", "/nonexistent/dir"):
+        _fails([path, "--weights", name], capsys, "must be a checkpoint directory or a Hugging Face repo id")
+    _fails([path, "--weights", "facebook/opt-125m"], capsys, "is not in the Hugging Face cache")
+    (tmp_path / "ckpt").mkdir()
+    _fails([path, "--weights", tmp_path / "ckpt"], capsys, "holds no .safetensors files")
+    os.mkfifo(tmp_path / "ckpt" / "tokenizer.json")  # transformers would block opening it
+    _fails([path, "--weights", tmp_path / "ckpt", "--prompt", "hi"], capsys,
+           "tokenizer.json: must be a regular file (the tokenizer is read from it)")

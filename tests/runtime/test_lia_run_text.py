@@ -155,7 +155,7 @@ def test_text_input_errors(setup, capsys, tmp_path):
     for argv, fragment in (
             ([plan, "--random-weights", "0", "--prompt", "hi"], "text prompts need --weights DIR"),
             ([plan, "--weights", directory, "--prompt-len", "3", "--chat"], "--chat: applies to text prompts"),
-            ([plan, "--weights", directory, "--prompt-file", tmp_path / "none.txt"], "--prompt-file: cannot read"),
+            ([plan, "--weights", directory, "--prompt-file", tmp_path / "none.txt"], "--prompt-file '" + str(tmp_path / "none.txt") + "': cannot read"),
             ([plan, "--weights", directory, "--prompt", "a", "--prompt", "b", "--batch", "3"],
              "--batch: must equal the 2 prompts"),
             ([plan, "--weights", directory, "--prompt", "the " * 20], "prompt length must be between 1 and 16")):
@@ -169,7 +169,9 @@ def test_interrupt_is_one_line_and_130(setup, capsys, monkeypatch, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.Engine, "generate", interrupted)
+    from liac.runtime.engine import Engine  # lia-run imports it inside main() (Ctrl-C while torch loads)
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
     metrics = tmp_path / "m.json"
     status, _, err = _run([plan, "--weights", directory, *RUN, "--prompt", "the",
                            "--metrics-out", metrics], capsys)

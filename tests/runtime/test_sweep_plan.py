@@ -55,7 +55,18 @@ def test_bad_indexes_are_one_line(tmp_path, sweep):
     for text, fragment in (("kind: Other\n", "must be a sweep index"), ("kind: OffloadPlanIndex\npoints: []\n",
                                                                        "must list at least one plan"),
                            ("kind: OffloadPlanIndex\npoints: [{file: ../x.yaml, batch_size: 1, prompt_len: 1, "
+                            "gen_len: 1}]\n", "points[0].file: must name a file inside"),
+                           ("kind: OffloadPlanIndex\npoints: [{file: /etc/x.yaml, batch_size: 1, prompt_len: 1, "
+                            "gen_len: 1}]\n", "points[0].file: must name a file inside"),
+                           ("kind: OffloadPlanIndex\npoints: [{file: sub/x.yaml, batch_size: 1, prompt_len: 1, "
                             "gen_len: 1}]\n", "points[0].file: must name a plan file beside the index"),
+                           ("kind: OffloadPlanIndex\npoints: [{file: [a], batch_size: 1, prompt_len: 1, "
+                            "gen_len: 1}]\n", "points[0].file: must be a file name"),
+                           ("kind: OffloadPlanIndex\npoints: [{file: a.yaml, batch_size: 1e400, prompt_len: 1, "
+                            "gen_len: 1}]\n", "points[0].batch_size: must be a positive integer"),
+                           ("kind: OffloadPlanIndex\npoints: [{file: a.yaml, batch_size: 99999999999, "
+                            "prompt_len: 1, gen_len: 1}]\n", "points[0].batch_size: must be a positive integer"),
+                           ("a: &x [1]\nkind: OffloadPlanIndex\npoints: *x\n", "aliases"),
                            ("kind: OffloadPlanIndex\npoints: [{file: a.yaml, batch_size: 0, prompt_len: 1, "
                             "gen_len: 1}]\n", "points[0].batch_size: must be a positive integer"),
                            ("{", "not valid YAML")):
