@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,20 @@ def _one_line(capsys, code, want_code: int, fragment: str) -> str:
     assert code == want_code, err
     assert err.count("\n") == 1 and "Traceback" not in err and fragment in err, err
     return err.strip()
+
+
+def _wait_for_torch(proc: subprocess.Popen) -> None:
+    """Return once torch's library is mapped into `proc` (or it ended): by then it runs inside main(), whatever
+    the machine's load (a fixed sleep could signal the interpreter's own start-up on a loaded machine)."""
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{proc.pid}/maps") as handle:
+                if "libtorch" in handle.read():
+                    return
+        except OSError:
+            return
+        time.sleep(0.05)
 
 
 def _compile(model, out, *extra) -> list[str]:
@@ -105,13 +120,19 @@ def test_a_model_name_cannot_put_a_page_outside_the_docs_output(tmp_path, model,
     ("pcie_h2d_gb_per_s", 1e-300, "must be between 0.001 and 1e+06"),
     ("cpu_launch_seconds", 5.0, "must be between 0 and 1"),
 ])
-def test_bad_profile_numbers_are_one_line_naming_the_field(tmp_path, model, capsys, field, value, message):
+def test_bad_profile_numbers_are_one_line_naming_the_field(tmp_path, model, capsys, monkeypatch, field, value,
+                                                            message):
+    import passes.ilp
+
+    def never(*args, **kwargs):  # the NaN bandwidth spun here for minutes: the profile is refused before it
+        raise AssertionError("a refused profile reached the solver")
+    monkeypatch.setattr(passes.ilp, "solve_placement", never)
+    monkeypatch.setattr(passes.ilp, "_pareto", never)
     hw = _profile(tmp_path, **{field: value})
-    began = time.perf_counter()
     code = main(["compile", "--model", model, "--hw", str(hw), "--batch", "1", "-o", str(tmp_path / "out")])
     line = _one_line(capsys, code, 2, message)
     assert line.startswith(f"liac compile: {hw}: {field}: ")
-    assert time.perf_counter() - began < 60 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_explain_with_a_nan_profile_is_one_line(tmp_path, model, capsys):
@@ -203,13 +224,15 @@ def test_an_alias_bomb_in_a_plan_is_one_line(tmp_path, capsys):
     bomb = "".join(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}" if n else "x"] * 10) + "]\n" for n in range(9))
     plan = tmp_path / "plan.yaml"
     plan.write_text("apiVersion: liac/v2\nkind: OffloadPlan\nmetadata:\n  name: x\n" + bomb)
-    began = time.perf_counter()
+    tracemalloc.start()
     for command, status in ((["validate"], 1), (["explain"], 2), (["diff", str(plan)], 2)):
         code = main([*command, str(plan)])
         captured = capsys.readouterr()
         assert code == status and "aliases ('*name') are not allowed" in captured.out + captured.err
         assert len((captured.out + captured.err).strip().splitlines()) == 1
-    assert time.perf_counter() - began < 30
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 64 * 2**20  # memory, not seconds: the bomb's 10⁹ elements (or their repr) were never built
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -351,7 +374,7 @@ def test_a_real_sigint_during_a_compile(tmp_path, model):
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "liac.cli", *_compile(model, out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    time.sleep(1.5)  # inside main(): importing, tracing or solving
+    _wait_for_torch(proc)  # then inside main(): liac's commands load torch there
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:  # it had finished: the sweep is whole

@@ -47,7 +47,7 @@ from liac.profile import resolve_profile
 from liac.sweep import CATALOG_NAME, INDEX_NAME
 
 __all__ = ["MODELS", "PROFILES", "BATCHES", "PROMPT_LEN", "GEN_LEN", "SKIPPED", "DECISION_CODE", "SweepOutcome",
-           "refresh_artifacts", "compile_sweep", "write_catalog", "decision_fingerprint"]
+           "refresh_artifacts", "compile_sweep", "reuse_options", "write_catalog", "decision_fingerprint"]
 
 MODELS = ("opt-30b", "opt-66b", "opt-175b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b")
 PROFILES = ("spr-h100", "spr-a100", "gnr-h100", "spr-h100-cxl", "h200-amx16")
@@ -135,9 +135,12 @@ class SweepOutcome:
 def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str,
                    reuse: str | None = None) -> list[SweepOutcome]:
     """All sweeps of one model (one trace, reused for every profile); runs in a worker process. With `reuse` (a
-    directory of committed sweeps), a point whose plan is there is re-priced from it, not solved."""
+    directory of committed sweeps), a point whose plan is there is re-priced from it, not solved, and a point that
+    is solved (one without a plan: infeasible, or new) is solved without the solver's wall-clock time limit, so
+    the freshness check's outcome never depends on the machine's speed or load (`reuse_options`)."""
     cfg = resolve_model(model)
     graph = trace_model(cfg)
+    options = reuse_options() if reuse else SolverOptions()
     out = []
     for profile_name in profiles:
         directory = Path(plans_dir) / f"{model}.{profile_name}"
@@ -155,7 +158,7 @@ def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str,
                 point = reprice_point(graph, cfg, profile, load_plan(committed), budgets)
             if point is None:
                 try:
-                    point = compile_point(graph, cfg, profile, batch, PROMPT_LEN, GEN_LEN, budgets, SolverOptions(),
+                    point = compile_point(graph, cfg, profile, batch, PROMPT_LEN, GEN_LEN, budgets, options,
                                           "latency")
                 except InfeasibleError as e:
                     infeasible.append((batch, e))
@@ -176,6 +179,14 @@ def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str,
         out.append(SweepOutcome(model, profile_name, directory.name, len(result.points),
                                 tuple(batch for batch, _ in result.infeasible), ""))
     return out
+
+
+def reuse_options() -> SolverOptions:
+    """How the freshness check (tests/test_checked_in.py) solves: as `make artifacts` (one thread), but with no
+    wall-clock time limit. A committed plan was proven optimal within the limit, which only ever stops a search
+    and never steers it, so without the limit the same solve ends with the same answer, later on a loaded machine
+    rather than differently ('not proven optimal')."""
+    return SolverOptions(time_limit_seconds=None)
 
 
 def compile_sweep(model: str, profile: str, plans_dir: str | Path) -> SweepOutcome:
