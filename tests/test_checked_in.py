@@ -20,13 +20,14 @@ How (docs/architecture.md, "Checked-in plans"; liac/artifacts/refresh.py):
 Figures are not compared byte for byte (PNG bytes change with matplotlib/FreeType); their file names hash the
 data they plot and the drawing code, so a page's text changes whenever one of its figures would, and the test
 checks that every figure a page names is committed. Re-solving every point (`make artifacts`) takes minutes on
-two cores and depends on the machine's speed (the solver's time limit); this check takes seconds and does not:
-whatever it solves (points without a committed plan, the sample) it solves with no wall-clock limit
-(`reuse_options`).
+two cores; this check takes seconds. Neither depends on the machine's speed: whatever is solved (by `make
+artifacts`, or here the points without a committed plan and the sample) is solved under work limits, with
+no wall-clock limit (`artifact_solver_options`), so load makes a solve slower, never different.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from pathlib import Path
@@ -34,8 +35,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from liac.artifacts.refresh import (BATCHES, GEN_LEN, MODELS, PROFILES, PROMPT_LEN, _code_text, decision_fingerprint,
-                                    refresh_artifacts, reuse_options)
+from liac.artifacts.refresh import (BATCHES, GEN_LEN, MODELS, PROFILES, PROMPT_LEN, _code_text,
+                                    artifact_solver_options, decision_fingerprint, refresh_artifacts)
 from liac.artifacts.validate import validate_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,22 +123,23 @@ def _sample() -> list[Path]:
 
 
 def test_a_sample_of_points_re_solves_to_the_committed_plans():
-    """Solved as `make artifacts` solves, without the wall-clock limit (`reuse_options`): on a loaded machine the
-    solve takes longer, never ends differently."""
+    """Solved as `make artifacts` solves, under work limits and no wall-clock limit (`artifact_solver_options`): on
+    a loaded machine the solve takes longer, never ends differently."""
     from liac.api import compile_budgets, compile_point
     from liac.models import resolve_model
     from liac.passes.trace import trace_model
     from liac.plan import load_plan, plan_to_yaml
     from liac.profile import resolve_profile
 
-    assert reuse_options().time_limit_seconds is None
+    options = artifact_solver_options()
+    assert options.threads == 1 and not any("time" in f.name for f in dataclasses.fields(options))
     for path in _sample():
         plan = load_plan(path)
         work = plan.spec.workload
         assert (work.prompt_len, work.gen_len) == (PROMPT_LEN, GEN_LEN) and work.batch_size in BATCHES
         cfg, profile = resolve_model(plan.spec.model.name), resolve_profile(plan.spec.hardware.profile)
         point = compile_point(trace_model(cfg), cfg, profile, work.batch_size, PROMPT_LEN, GEN_LEN,
-                              compile_budgets(profile), reuse_options(), "latency")
+                              compile_budgets(profile), artifact_solver_options(), "latency")
         assert plan_to_yaml(point.plan) == path.read_text(), f"{path} differs when re-solved: {REFRESH}"
 
 

@@ -47,14 +47,15 @@ from liac.profile import resolve_profile
 from liac.sweep import CATALOG_NAME, INDEX_NAME
 
 __all__ = ["MODELS", "PROFILES", "BATCHES", "PROMPT_LEN", "GEN_LEN", "SKIPPED", "DECISION_CODE", "SweepOutcome",
-           "refresh_artifacts", "compile_sweep", "reuse_options", "write_catalog", "decision_fingerprint"]
+           "refresh_artifacts", "compile_sweep", "artifact_solver_options", "write_catalog", "decision_fingerprint"]
 
 MODELS = ("opt-30b", "opt-66b", "opt-175b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b")
 PROFILES = ("spr-h100", "spr-a100", "gnr-h100", "spr-h100-cxl", "h200-amx16")
 BATCHES = (1, 16, 256)
 PROMPT_LEN = 128
 GEN_LEN = 32
-# Pairs not compiled, with the reason shown on the index page. A checked-in plan must be proven optimal.
+# Pairs not compiled, with the reason shown on the index page. A checked-in plan must be proven optimal; points are
+# solved with `artifact_solver_options` (work limits, never a time limit), so "proven" does not depend on the machine.
 SKIPPED = {
     ("llama-3.1-405b", "spr-h100-cxl"): "not checked in: HBM, DDR and CXL all bind, and the compiler's work limits "
                                         "leave its placement unproven (status 'feasible', gap about 6e-5 at batch 1) "
@@ -135,12 +136,12 @@ class SweepOutcome:
 def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str,
                    reuse: str | None = None) -> list[SweepOutcome]:
     """All sweeps of one model (one trace, reused for every profile); runs in a worker process. With `reuse` (a
-    directory of committed sweeps), a point whose plan is there is re-priced from it, not solved, and a point that
-    is solved (one without a plan: infeasible, or new) is solved without the solver's wall-clock time limit, so
-    the freshness check's outcome never depends on the machine's speed or load (`reuse_options`)."""
+    directory of committed sweeps), a point whose plan is there is re-priced from it, not solved. Points are solved
+    with `artifact_solver_options` (work limits, no wall-clock limit): the outcome never depends on the machine's
+    load."""
     cfg = resolve_model(model)
     graph = trace_model(cfg)
-    options = reuse_options() if reuse else SolverOptions()
+    options = artifact_solver_options()
     out = []
     for profile_name in profiles:
         directory = Path(plans_dir) / f"{model}.{profile_name}"
@@ -181,12 +182,13 @@ def _compile_model(model: str, profiles: tuple[str, ...], plans_dir: str,
     return out
 
 
-def reuse_options() -> SolverOptions:
-    """How the freshness check (tests/test_checked_in.py) solves: as `make artifacts` (one thread), but with no
-    wall-clock time limit. A committed plan was proven optimal within the limit, which only ever stops a search
-    and never steers it, so without the limit the same solve ends with the same answer, later on a loaded machine
-    rather than differently ('not proven optimal')."""
-    return SolverOptions(time_limit_seconds=None)
+def artifact_solver_options() -> SolverOptions:
+    """How every checked-in point is solved, by `make artifacts` and by the freshness check
+    (tests/test_checked_in.py): SolverOptions' defaults, one thread and count-based work limits (`max_states`,
+    `node_limit`), never a wall-clock time limit. A work limit stops a search at the same place on every machine,
+    so a solve ends with the same answer and the same proof on any machine, later on a loaded one rather than
+    differently ('not proven optimal'). Pairs the limits leave unproven are in SKIPPED instead."""
+    return SolverOptions()
 
 
 def compile_sweep(model: str, profile: str, plans_dir: str | Path) -> SweepOutcome:
