@@ -4,7 +4,8 @@
     .venv/bin/python bench/fuzz.py --cases 200 --out /tmp/fuzz.json --workers 1
 
 Each case takes a valid seed file (a compiled plan, a hardware profile, a model config.json, a safetensors
-checkpoint and its index, a sweep directory's index.yaml / sweeps.yaml) or a valid command line, mutates it
+checkpoint and its index, a sweep directory's index.yaml / sweeps.yaml, a text-prompt file for a checkpoint with
+a tokenizer, a sweep directory given to `lia-run` as its plan) or a valid command line, mutates it
 (drop a field, retype a value, scale a number, NaN/inf, huge integers, path-like strings, YAML aliases, deep
 nesting, truncated or flipped bytes), and runs one command on it in a fresh sandbox: `liac compile | validate |
 explain | diff | docs | inspect` or `lia-run` (CPU-emulated GPU, seeded random or checkpoint weights).
@@ -208,7 +209,23 @@ def build_seeds(directory: Path) -> dict[str, Path]:
         {"model": "other", "hardware": "spr-h100", "reason": "none fits"}]}))
     seeds["catalog"] = catalog
     seeds["ckpt"] = _checkpoint(directory / "ckpt", TINY_OPT)
+    seeds.update(_text_seeds(directory, liac_main))
     return seeds
+
+
+def _text_seeds(directory: Path, liac_main) -> dict[str, Path]:
+    """A checkpoint with a tokenizer (liac.tiny's, trained for one step: only the files matter) and its sweep."""
+    from liac.tiny import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(directory / "tiny-text", steps=1, hidden_size=32)
+    sweep = directory / "sweep-text"
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = liac_main(["compile", "--model", str(ckpt), "--hw", "spr-h100", "--batch", "1,2", "--prompt-len", "16",
+                          "--gen-len", "3", "--gpu-mem", "4MiB", "-o", str(sweep)])
+    assert code == 0, "seed compile failed for the text checkpoint"
+    prompts = directory / "prompts.txt"
+    prompts.write_text("The GPU is\nThe plan says\n")
+    return {"ckpt-text": ckpt, "sweep-text": sweep, "prompts": prompts}
 
 
 def _checkpoint(folder: Path, config: dict) -> Path:
@@ -255,6 +272,7 @@ class Case:
     argv: list[str]
     files: dict[str, bytes] = field(default_factory=dict)
     copies: dict[str, str] = field(default_factory=dict)  # sandbox path → seed path (a directory copied whole)
+    fifos: list[str] = field(default_factory=list)  # sandbox paths made named pipes (a read must not block)
 
 
 def _yaml(doc) -> bytes:
@@ -397,6 +415,59 @@ def _sweep_case(rng, seeds, sandbox, seed) -> Case:
     return Case(seed, "sweep:docs", "liac", ["docs", "../in/plans", "-o", "out/docs"], files, copies)
 
 
+def _text_case(rng, seeds, sandbox, seed) -> Case:
+    """lia-run --prompt-file FILE (mutated text, bytes that are not UTF-8, a directory, a missing or path-like
+    name, a FIFO) over a checkpoint with a tokenizer; sometimes --chat, sampling flags or --jsonl."""
+    files, argv_file = {}, "../in/prompts.txt"
+    kind = rng.random()
+    text = seeds["prompts"].read_text()
+    if kind < 0.4:
+        files["in/prompts.txt"] = mutate_text(text, rng).encode("utf-8", "surrogatepass")
+    elif kind < 0.6:
+        files["in/prompts.txt"] = mutate_bytes(text.encode(), rng)
+    elif kind < 0.7:
+        files["in/prompts.txt/x"] = b"a directory"
+    elif kind < 0.8:
+        files["in/prompts.txt"] = ("the " * rng.choice([20, 2000]) + "\n").encode() * rng.choice([1, 3, 300])
+    elif kind < 0.9:
+        argv_file = rng.choice([_path_like(rng, sandbox), "../in/none.txt", "/dev/zero", "/proc/self/mem",
+                                "../in/fifo"])
+    else:
+        files["in/prompts.txt"] = text.encode()
+    argv = [str(seeds["sweep-text"]), "--weights", str(seeds["ckpt-text"]), "--emulate-gpu", "--profile-steps", "0",
+            "--gen-len", "2", "--prompt-file", argv_file]
+    for flag, values in (("--chat", None), ("--temperature", ["0.7", "nan", "-1"]), ("--top-k", ["5", "-2"]),
+                         ("--jsonl", None), ("--batch", ["1", "2", "3"]), ("--metrics-out", ["out/m.json"])):
+        if rng.random() < 0.2:
+            argv += [flag] if values is None else [flag, rng.choice(values)]
+    return Case(seed, "text:lia-run", "lia-run", argv, files, fifos=["in/fifo"] if argv_file == "../in/fifo" else [])
+
+
+def _sweep_run_case(rng, seeds, sandbox, seed) -> Case:
+    """lia-run DIR with the sweep's index.yaml (or one of its plans) mutated: names must stay in the directory."""
+    sweep = seeds["sweep-opt"]
+    files = {}
+    if rng.random() < 0.8:
+        doc = _load(sweep / "index.yaml")
+        if rng.random() < 0.4 and doc.get("points"):
+            point = rng.choice(doc["points"])
+            point["file"] = rng.choice([_path_like(rng, sandbox), str(seeds["plan-opt"]), "../plans/x.yaml",
+                                        "index.yaml", "sub/x.yaml", _scalar(rng, sandbox)])
+            data = _yaml(doc)
+        elif rng.random() < 0.3:
+            data = mutate_text((sweep / "index.yaml").read_text(), rng).encode("utf-8", "surrogatepass")
+        else:
+            data = _yaml(mutate_doc(doc, rng, sandbox))
+        files["in/sweep/index.yaml"] = data
+    else:
+        plan = sorted(p for p in sweep.glob("*.yaml") if p.name != "index.yaml")[0]
+        files[f"in/sweep/{plan.name}"] = _mutated_yaml(plan, rng, sandbox)
+    target = rng.choice(["../in/sweep", "../in/sweep/index.yaml"])
+    argv = [target, "--random-weights", "0", "--emulate-gpu", "--profile-steps", "0", "--gen-len", "2",
+            "--batch", rng.choice(["1", "2", "3"])]
+    return Case(seed, "sweep:lia-run", "lia-run", argv, files, copies={"in/sweep": str(sweep)})
+
+
 def _argv_case(rng, seeds, sandbox, seed) -> Case:
     bases = [
         ("liac", ["compile", "--model", str(seeds["model-opt"]), "--hw", "spr-h100", *WORKLOAD, "-o", "out/sweep"]),
@@ -408,12 +479,16 @@ def _argv_case(rng, seeds, sandbox, seed) -> Case:
         ("liac", ["diff", str(seeds["plan-opt"]), str(seeds["plan-opt"])]),
         ("lia-run", [str(seeds["plan-opt"]), "--random-weights", "1", "--emulate-gpu", "--profile-steps", "0",
                      "--metrics-out", "out/m.json"]),
+        ("lia-run", [str(seeds["sweep-text"]), "--weights", str(seeds["ckpt-text"]), "--emulate-gpu",
+                     "--profile-steps", "0", "--gen-len", "2", "--prompt", "The GPU is"]),
+        ("lia-run", [str(seeds["plan-opt"]), "--weights", "facebook/opt-125m", "--emulate-gpu"]),  # offline
     ]
     program, argv = rng.choice(bases)
     argv = list(argv)
     values = ["nan", "inf", "-1", "0", "1e9", "99999999999999999999", "1..99999999999", "1,,2", "1TiB", "24 GiB",
               "-5GiB", "0x10", "", " ", "--", "-o", "1.5", "١٢", "NaN..inf", "8..4", "3..16", "lia-gpu/whole",
-              "../../../x", "/", ".", "out", "out/x.yaml", "x" * 5000]
+              "../../../x", "/", ".", "out", "out/x.yaml", "x" * 5000, "facebook/opt-125m", "org/../x", "a/b/c",
+              "org/name.json", "--weights", "--prompt-file", "/dev/zero", "--chat", "--top-p", "--temperature"]
     for _ in range(rng.choice([1, 1, 2, 3])):
         kind = rng.random()
         if kind < 0.5 and len(argv) > 1:  # replace a value
@@ -431,8 +506,9 @@ def _argv_case(rng, seeds, sandbox, seed) -> Case:
     return Case(seed, f"argv:{program}", program, argv)
 
 
-TARGETS = {"plan": (_plan_case, 0.30), "profile": (_profile_case, 0.18), "config": (_config_case, 0.14),
-           "checkpoint": (_checkpoint_case, 0.12), "sweep": (_sweep_case, 0.10), "argv": (_argv_case, 0.16)}
+TARGETS = {"plan": (_plan_case, 0.26), "profile": (_profile_case, 0.15), "config": (_config_case, 0.12),
+           "checkpoint": (_checkpoint_case, 0.11), "sweep": (_sweep_case, 0.09), "argv": (_argv_case, 0.15),
+           "text": (_text_case, 0.06), "sweep-run": (_sweep_run_case, 0.06)}
 
 
 def make_case(seed: int, seeds: dict[str, Path], sandbox: Path, target: str | None = None) -> Case:
@@ -506,6 +582,9 @@ def run_case(case: Case, sandbox: Path) -> dict:
         path = sandbox / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+    for relative in case.fifos:
+        (sandbox / relative).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(sandbox / relative)
     before = _snapshot(sandbox)
     stdout, stderr = io.StringIO(), io.StringIO()
     result = {"seed": case.seed, "target": case.target}
@@ -692,30 +771,23 @@ def main(argv: list[str] | None = None) -> int:
             done = len(seconds)
             if done % 500 == 0:
                 print(f"{done} cases, {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
+                write(partial=True)  # a run stopped early still leaves its tally so far (marked partial)
+
+        def write(partial: bool) -> dict:
+            summary = _summary(tally, findings, seconds, args, argv, time.perf_counter() - began)
+            if partial:
+                summary["partial"] = True
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+            return summary
 
         pool = _Pool(args.workers, root, args.memory_gib, args.timeout)
         try:
             pool.run([(args.seed + index, None) for index in range(args.cases)], record)
         finally:
             pool.close()
-        outcomes: dict[str, int] = {}
-        for verdicts in tally.values():
-            for verdict, count in verdicts.items():
-                outcomes[verdict] = outcomes.get(verdict, 0) + count
-        summary = {
-            "cases": len(seconds), "first_seed": args.seed, "workers": args.workers, "timeout_seconds": args.timeout,
-            "wall_seconds": round(time.perf_counter() - began, 1),
-            "mean_case_seconds": round(sum(seconds) / max(len(seconds), 1), 3),
-            "outcomes": dict(sorted(outcomes.items())),
-            "tracebacks": outcomes.get("traceback", 0), "hangs": outcomes.get("hang", 0),
-            "writes_outside_output": outcomes.get("write outside -o", 0),
-            "exit_2_one_line": outcomes.get("exit 2, one line", 0),
-            "by_target": {target: dict(sorted(v.items())) for target, v in sorted(tally.items())},
-            "findings": {key: value for key, value in findings.items() if value},
-            "command": "python bench/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        summary = write(partial=False)
+        outcomes = summary["outcomes"]
         print(json.dumps({k: summary[k] for k in ("cases", "outcomes", "tracebacks", "hangs",
                                                   "writes_outside_output", "wall_seconds")}, indent=1))
         bad = summary["tracebacks"] + summary["hangs"] + summary["writes_outside_output"] \
@@ -723,6 +795,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if bad else 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _summary(tally, findings, seconds, args, argv, wall: float) -> dict:
+    """The result file's document (so far, while the run goes on)."""
+    outcomes: dict[str, int] = {}
+    for verdicts in tally.values():
+        for verdict, count in verdicts.items():
+            outcomes[verdict] = outcomes.get(verdict, 0) + count
+    summary = {
+        "cases": len(seconds), "first_seed": args.seed, "workers": args.workers, "timeout_seconds": args.timeout,
+        "wall_seconds": round(wall, 1),
+        "mean_case_seconds": round(sum(seconds) / max(len(seconds), 1), 3),
+        "outcomes": dict(sorted(outcomes.items())),
+        "tracebacks": outcomes.get("traceback", 0), "hangs": outcomes.get("hang", 0),
+        "writes_outside_output": outcomes.get("write outside -o", 0),
+        "exit_2_one_line": outcomes.get("exit 2, one line", 0),
+        "by_target": {target: dict(sorted(v.items())) for target, v in sorted(tally.items())},
+        "findings": {key: value for key, value in findings.items() if value},
+        "command": "python bench/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    return summary
 
 
 if __name__ == "__main__":

@@ -73,4 +73,5 @@ def test_the_committed_tally_meets_the_goal():
     assert set(tally["by_target"]) == {f"{t}:{c}" for t, c in (
         ("plan", "validate"), ("plan", "explain"), ("plan", "diff"), ("plan", "lia-run"), ("profile", "compile"),
         ("profile", "explain"), ("config", "compile"), ("config", "inspect"), ("checkpoint", "lia-run"),
-        ("sweep", "validate"), ("sweep", "docs"), ("argv", "liac"), ("argv", "lia-run"))}
+        ("sweep", "validate"), ("sweep", "docs"), ("sweep", "lia-run"), ("text", "lia-run"), ("argv", "liac"),
+        ("argv", "lia-run"))}
