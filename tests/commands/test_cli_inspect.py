@@ -109,7 +109,7 @@ def test_console_script_prints_one_line_and_exits_2():
     script = Path(sys.executable).parent / "liac"
     assert script.exists(), f"the 'liac' console script must be installed beside {sys.executable}"
     result = subprocess.run([str(script), "inspect", "--model", "opt-3b"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=600)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "did you mean 'opt-30b'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -222,7 +222,7 @@ def test_ctrl_c_in_a_real_process_is_one_line_and_130(plan_file, tmp_path):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)  # a hang guard, not a speed check
     if proc.returncode == 0:  # it finished before the signal: nothing to check on this machine
         assert metrics.is_file()
         return
