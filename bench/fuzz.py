@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -511,10 +512,12 @@ TARGETS = {"plan": (_plan_case, 0.26), "profile": (_profile_case, 0.15), "config
            "text": (_text_case, 0.06), "sweep-run": (_sweep_run_case, 0.06)}
 
 
-def make_case(seed: int, seeds: dict[str, Path], sandbox: Path, target: str | None = None) -> Case:
-    """The case of `seed` (deterministic: `--replay SEED` reruns it)."""
+def make_case(seed: int, seeds: dict[str, Path], sandbox: Path, target: str | None = None,
+              targets: tuple[str, ...] | None = None) -> Case:
+    """The case of `seed` (deterministic: `--replay SEED [--targets ...]` reruns it), of `target`, or drawn from
+    `targets` (default: all) by their weights."""
     rng = random.Random(seed)
-    names = list(TARGETS)
+    names = list(targets or TARGETS)
     target = target or rng.choices(names, weights=[TARGETS[n][1] for n in names])[0]
     return TARGETS[target][0](rng, seeds, sandbox, seed)
 
@@ -567,6 +570,9 @@ def _outside(before, after, allowed: list[str]) -> list[str]:
     return out
 
 
+_SWEEP_CHOICE = re.compile(r"lia-run: sweep .*: running \S+ \(the smallest planned batch that holds batch \d+\)$")
+
+
 def run_case(case: Case, sandbox: Path) -> dict:
     """Lay out the case in `sandbox` (wiped first), run it in process, judge it."""
     from liac.cli import main as liac_main
@@ -609,7 +615,9 @@ def run_case(case: Case, sandbox: Path) -> dict:
     finally:
         os.chdir(cwd)
     result["seconds"] = round(time.perf_counter() - began, 3)
-    err = [line for line in stderr.getvalue().splitlines() if line.strip() and "% (" not in line]
+    # what stderr says besides an error: progress bars, and the plan lia-run chose from a sweep
+    err = [line for line in stderr.getvalue().splitlines()
+           if line.strip() and "% (" not in line and not _SWEEP_CHOICE.match(line)]
     result["stderr_lines"] = len(err)
     result["first_error"] = err[-1][:300] if err else ""
     if "Traceback (most recent call last)" in stderr.getvalue():
@@ -652,10 +660,10 @@ def _worker(connection, root: str, memory_gib: float) -> None:
         message = connection.recv()
         if message is None:
             return
-        seed, target = message
+        seed, target, targets = message
         sandbox = _sandbox(root_path)
         try:
-            result = run_case(make_case(seed, seeds, sandbox, target), sandbox)
+            result = run_case(make_case(seed, seeds, sandbox, target, targets), sandbox)
         except BaseException as e:  # noqa: BLE001 - the harness itself failed on this case
             result = {"seed": seed, "target": target or "?", "code": None,
                       "traceback": f"harness: {type(e).__name__}: {str(e)[:200]}"}
@@ -744,12 +752,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-gib", type=float, default=12.0, help="address-space limit per worker")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "fuzz.json"))
     parser.add_argument("--replay", type=int, help="run one case seed in this process and print its result")
+    parser.add_argument("--targets", help=f"comma-separated targets to draw from (default: all of {', '.join(TARGETS)})")
     args = parser.parse_args(argv)
+    targets = tuple(args.targets.split(",")) if args.targets else None
+    if targets and not set(targets) <= set(TARGETS):
+        parser.error(f"--targets: unknown {sorted(set(targets) - set(TARGETS))}")
     root = Path(tempfile.mkdtemp(prefix="liac-fuzz-"))
     try:
         if args.replay is not None:
             seeds = build_seeds(root / "seeds")
-            case = make_case(args.replay, seeds, _sandbox(root))
+            case = make_case(args.replay, seeds, _sandbox(root), None, targets)
             print(json.dumps({"argv": case.argv, "files": sorted(case.files)}, indent=1))
             print(json.dumps(run_case(case, _sandbox(root)), indent=1))
             return 0
@@ -783,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
 
         pool = _Pool(args.workers, root, args.memory_gib, args.timeout)
         try:
-            pool.run([(args.seed + index, None) for index in range(args.cases)], record)
+            pool.run([(args.seed + index, None, targets) for index in range(args.cases)], record)
         finally:
             pool.close()
         summary = write(partial=False)
@@ -805,6 +817,7 @@ def _summary(tally, findings, seconds, args, argv, wall: float) -> dict:
             outcomes[verdict] = outcomes.get(verdict, 0) + count
     summary = {
         "cases": len(seconds), "first_seed": args.seed, "workers": args.workers, "timeout_seconds": args.timeout,
+        "targets": args.targets.split(",") if args.targets else sorted(TARGETS),
         "wall_seconds": round(wall, 1),
         "mean_case_seconds": round(sum(seconds) / max(len(seconds), 1), 3),
         "outcomes": dict(sorted(outcomes.items())),
