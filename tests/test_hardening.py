@@ -122,12 +122,13 @@ def test_a_model_name_cannot_put_a_page_outside_the_docs_output(tmp_path, model,
 ])
 def test_bad_profile_numbers_are_one_line_naming_the_field(tmp_path, model, capsys, monkeypatch, field, value,
                                                             message):
-    import passes.ilp
+    import liac.api
+    import liac.passes.ilp
 
     def never(*args, **kwargs):  # the NaN bandwidth spun here for minutes: the profile is refused before it
         raise AssertionError("a refused profile reached the solver")
-    monkeypatch.setattr(passes.ilp, "solve_placement", never)
-    monkeypatch.setattr(passes.ilp, "_pareto", never)
+    monkeypatch.setattr(liac.api, "solve_placement", never)
+    monkeypatch.setattr(liac.passes.ilp, "_pareto", never)
     hw = _profile(tmp_path, **{field: value})
     code = main(["compile", "--model", model, "--hw", str(hw), "--batch", "1", "-o", str(tmp_path / "out")])
     line = _one_line(capsys, code, 2, message)
