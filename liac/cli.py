@@ -27,8 +27,15 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line ('liac compile: --batch: ...') and exit 2."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        sys.stderr.write(f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
         sys.exit(EXIT_USER_ERROR)
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` as one bounded line: control characters (a newline inside an argument argparse quotes) escaped, and
+    at most `limit` characters."""
+    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def version_text(prog: str) -> str:

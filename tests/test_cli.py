@@ -150,3 +150,15 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
                  "-o", str(tmp_path / "p.yaml")]) == EXIT_USER_ERROR
     assert capsys.readouterr().err == ("liac compile: --solver 'highs': needs the optional package 'highspy': "
                                        "pip install 'liac[highs]'\n")
+
+
+def test_a_usage_error_quoting_an_argument_with_newlines_is_one_line(capsys):
+    """Found by bench/fuzz.py (seed 20076 of its text run): argparse quoted the argument with its newlines."""
+    for argv in (["compile", "--model", "opt-30b", "name\nwith\nlines", "--batch", "1", "-o", "x"],
+                 ["validate", "x.yaml", "--bogus=" + "y" * 5000]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == EXIT_USER_ERROR
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and len(err) < 1100, err
+        assert "name\\nwith\\nlines" in err or "y" * 900 in err
