@@ -570,6 +570,16 @@ def _outside(before, after, allowed: list[str]) -> list[str]:
     return out
 
 
+DEVICES = ("/dev/zero", "/dev/null")  # outputs a command line may name outside the sandbox: never replaced
+
+
+def _mode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return None
+
+
 _SWEEP_CHOICE = re.compile(r"lia-run: sweep .*: running \S+ \(the smallest planned batch that holds batch \d+\)$")
 
 
@@ -592,6 +602,7 @@ def run_case(case: Case, sandbox: Path) -> dict:
         (sandbox / relative).parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(sandbox / relative)
     before = _snapshot(sandbox)
+    devices = {device: _mode(device) for device in DEVICES}
     stdout, stderr = io.StringIO(), io.StringIO()
     result = {"seed": case.seed, "target": case.target}
     cwd = os.getcwd()
@@ -623,6 +634,7 @@ def run_case(case: Case, sandbox: Path) -> dict:
     if "Traceback (most recent call last)" in stderr.getvalue():
         result["traceback"] = result.get("traceback") or "printed a traceback: " + stderr.getvalue()[-300:]
     outside = _outside(before, _snapshot(sandbox), _allowed(case.argv, work, sandbox))
+    outside += [device for device, mode in devices.items() if _mode(device) != mode]  # '-o /dev/zero' as root
     if outside:
         result["outside"] = outside[:10]
     return result

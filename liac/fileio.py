@@ -260,6 +260,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, source: str | None 
     """
     path = Path(path)
     source = str(path) if source is None else source
+    _refuse_special(path, source)
     tmp = path.parent / f".{path.name[:NAME_LIMIT]}.{secrets.token_hex(4)}.tmp"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +277,18 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, source: str | None 
     _fsync_directory(path.parent)
 
 
+def _refuse_special(path: Path, source: str) -> None:
+    """An output may replace a regular file, never a device, FIFO or socket: renaming over `/dev/zero` (as root)
+    would replace the device with a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # absent (or unreachable: the write itself says why)
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise LiacError(source, f"'{brief(str(path), 120, quote=False)}' is a device, FIFO or socket: must name a "
+                                "regular file or a new one")
+
+
 def _nearest_existing(path: Path) -> Path:
     for candidate in (path, *path.parents):
         if os.path.lexists(candidate):
@@ -289,6 +302,7 @@ def check_writable(path: str | os.PathLike, source: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise LiacError(source, f"'{path}' is a directory: must name a file")
+    _refuse_special(path, source)
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise LiacError(source, f"cannot write '{path}': '{base}' is not a directory")

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from liac import fileio
 from liac.errors import LiacError
-from liac.fileio import (NAME_LIMIT, SweepWriter, inside, parse_json, parse_yaml, read_yaml, safe_name,
-                         write_atomic, yaml_dump)
+from liac.fileio import (NAME_LIMIT, SweepWriter, check_writable, inside, parse_json, parse_yaml, read_yaml,
+                         safe_name, write_atomic, yaml_dump)
 
 OWNED = re.compile(r"index\.yaml|p\d+\.yaml").fullmatch  # a toy sweep's naming
 
@@ -343,3 +343,16 @@ def test_a_commit_is_old_foreign_files_plus_the_new_ones(tmp_path_factory, befor
     _sweep(out, {name: "after" for name in after})
     want = {name: "before" for name in before if not OWNED(name)} | {name: "after" for name in after}
     assert _listing(out) == dict(sorted(want.items()))
+
+
+def test_an_output_never_replaces_a_device_or_a_fifo(tmp_path):
+    """Found by bench/fuzz.py: `--metrics-out /dev/zero`, run as root, renamed a metrics file over the device."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/zero"), Path("/dev/null")):
+        before = os.stat(target).st_mode
+        for call in (lambda: check_writable(target, "--metrics-out"), lambda: write_atomic(target, "{}", "--out")):
+            with pytest.raises(LiacError, match="is a device, FIFO or socket: must name a regular file or a new one"):
+                call()
+        assert os.stat(target).st_mode == before and not stat.S_ISREG(os.stat(target).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]  # no temporary left
