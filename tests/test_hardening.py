@@ -112,13 +112,15 @@ def test_a_model_name_cannot_put_a_page_outside_the_docs_output(tmp_path, model,
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("cpu_ddr_read_gb_per_s", float("nan"), "must be a finite number, got nan"),  # spun for minutes in _pareto
+    ("cpu_ddr_read_gb_per_s", float("nan"), "must be a finite number, got nan"),  # spun for minutes in the front
     ("cpu_reserve_gib", float("nan"), "must be a finite number"),  # a ValueError traceback
     ("cxl_gib", float("nan"), "must be a finite number"),
     ("pcie_h2d_gb_per_s", float("inf"), "must be a finite number, got inf"),  # silently predicted lower times
     ("gpu_hbm_gib", 1e300, "must be between 0 and 1e+06"),
     ("pcie_h2d_gb_per_s", 1e-300, "must be between 0.001 and 1e+06"),
     ("cpu_launch_seconds", 5.0, "must be between 0 and 1"),
+    ("gpu_context_mib", 1e300, "must be between 0 and 1.024e+09"),
+    ("gpu_activation_factor", 1e9, "must be between 1 and 1000"),
 ])
 def test_bad_profile_numbers_are_one_line_naming_the_field(tmp_path, model, capsys, monkeypatch, field, value,
                                                             message):
@@ -128,7 +130,7 @@ def test_bad_profile_numbers_are_one_line_naming_the_field(tmp_path, model, caps
     def never(*args, **kwargs):  # the NaN bandwidth spun here for minutes: the profile is refused before it
         raise AssertionError("a refused profile reached the solver")
     monkeypatch.setattr(liac.api, "solve_placement", never)
-    monkeypatch.setattr(liac.passes.ilp, "_pareto", never)
+    monkeypatch.setattr(liac.passes.ilp, "_front", never)
     hw = _profile(tmp_path, **{field: value})
     code = main(["compile", "--model", model, "--hw", str(hw), "--batch", "1", "-o", str(tmp_path / "out")])
     line = _one_line(capsys, code, 2, message)
@@ -317,12 +319,15 @@ def test_a_solver_that_gives_up_is_not_reported_as_infeasible(tmp_path, model, m
     def gives_up(problem, solver):
         problem.status = pulp.LpStatusNotSolved
         return False
+    def too_large(*args, **kwargs):
+        raise master.TooLarge()
     monkeypatch.setattr(master, "_solve", gives_up)
-    monkeypatch.setattr(master, "applies", lambda *a: False)  # every level through the ILP solver
+    monkeypatch.setattr(master, "solve_level", too_large)  # every level through the ILP solver
     with pytest.raises(LiacError) as info:
         compile_plans(model, "spr-h100", batches=(1,), gpu_mem=2 * 2**20)
     assert not isinstance(info.value, InfeasibleError)
-    assert "ended with status 'Not Solved'" in info.value.message and "retry with --solver" in info.value.message
+    assert "without a plan or a proof that none exists" in info.value.message
+    assert "retry with --solver" in info.value.message
 
 
 def test_a_budget_above_the_profiles_memory_is_refused(tmp_path, model, capsys):
