@@ -621,11 +621,10 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         return max(decoding, _prefill_activations(decoder, residual, workload, microbatch))
 
     if microbatches is None:
-        # Candidates are cut while the largest workspace of any class still shrinks: past that, nothing is freed.
-        others = max(peak(name, phase) for name in layers if name != "decoder" for phase in PHASES)
-        microbatches = prefill_microbatches(
-            workload, lambda m: gpu_workspace_bytes(max(others, decoder_activations(m)), hw),
-            budgets.hbm_bytes or budgets.ddr_bytes)
+        # Candidates halve while the decoder's own workspace shrinks (the embedding's may sit on the CPU, so it does
+        # not stop the halving).
+        microbatches = prefill_microbatches(workload, lambda m: gpu_workspace_bytes(decoder_activations(m), hw),
+                                            budgets.hbm_bytes or budgets.ddr_bytes)
     classes = []
     for layer_class, layer in layers.items():
         phases = {}
