@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_plans import (BACKENDS, FAMILIES, NEW_TOKENS, PROMPT, assert_bf16_logits_close, make_plan,
-                           make_test_backend)
+import transformers
+from runtime_plans import (BACKENDS, FAMILIES, NEW_TOKENS, PROMPT, assert_bf16_logits_close, hf_model_class,
+                           make_plan, make_test_backend)
+from test_padding import NEW, PAD, ROWS, WIDTH, _padded
 
 from liac.runtime import Engine
 from liac.runtime.executor import microbatch_parts
@@ -95,3 +97,20 @@ def test_profile_reports_one_entry_per_layer_and_pass(checkpoints):
     engine.executor.forward("prefill", PROMPT, 0, timings)
     (qkv,) = [key for key in timings if key[1] == ("qkv",) and key[2] == "prefill"]  # one group of every layer
     assert len(timings[qkv]) == cfg.num_layers
+
+
+@pytest.mark.parametrize("policy", ["gpu", "crossed", "split"])
+@pytest.mark.parametrize("family", ("opt", "llama"))
+def test_padded_prompts_in_micro_batches_match_hf_generate(checkpoints, family, policy):
+    """Left-padded prompts of 8, 3 and 5 tokens (test_padding.py's) prefilled in micro-batches of 2 sequences × 3
+    slots: a chunk can be all padding for one sequence and all prompt for another; HF generate's tokens still."""
+    directory, cfg = checkpoints(family)
+    model = hf_model_class(family).from_pretrained(directory, dtype=torch.float32).eval()
+    config = transformers.GenerationConfig(max_new_tokens=NEW, do_sample=False, pad_token_id=PAD,
+                                           eos_token_id=None, bos_token_id=None)
+    ids, mask = _padded()
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, generation_config=config)[:, WIDTH:]
+    plan = make_plan(cfg, policy, batch=3, prompt_len=WIDTH, gen_len=NEW, microbatch=(2, 3), **PLANS[policy])
+    engine = Engine.from_plan(plan, directory, emulate_gpu=True, dtype=torch.float32)
+    assert torch.equal(engine.generate(ROWS, NEW).token_ids, want)
