@@ -17,6 +17,8 @@ Sections (each a list of compiled points: settings, policy strings, predicted se
               OPT-30B, spr-a100, batch 1, prompts 32, 256, 2016
   cxl         Table 3: OPT-30B on spr-a100-cxl with DDR at LIA's batch-900 footprint (140 GB), CXL 0 or 238 GiB:
               LIA's configuration (`lia-gpu/lia-partial --no-resident-layers`, its artifact's) and the optimum
+  cxl_capacity  the largest batch that fits, and its tokens/s, as the CXL capacity grows 0..238 GiB (the same
+              machine, DDR and configuration as `cxl`)
   absolute    OPT-30B, batch 900, prompt 32, 32 tokens, spr-a100 (the paper's 280 tokens/s): the optimum, LIA's
               policy, LIA's configuration, and LIA's configuration priced with each layer's chain *added* to its
               weight stream instead of overlapping it (what Table 3's two points imply of LIA's runtime)
@@ -154,6 +156,24 @@ def cxl(compile_point) -> list[dict]:
     return rows
 
 
+def cxl_capacity(compile_point) -> list[dict]:
+    """The largest batch (to 10 sequences) that fits as the CXL capacity grows, and its tokens/s: OPT-30B on
+    spr-a100-cxl, DDR at 140 GB, LIA's configuration (the issue's CXL-capacity sweep)."""
+    rows = []
+    lia = {"policy": "lia-gpu/lia-partial", "resident_layers": False}
+    for gib in (0, 32, 64, 128, 192, 238):
+        def fits(batch):
+            out = compile_point("opt-30b", "spr-a100-cxl", batch, 32, cpu_mem=140 * 10**9, cxl_mem=gib * 2**30, **lia)
+            return out if isinstance(out, tuple) else None
+        low, high = 10, 4000  # low fits (checked below), high does not
+        assert fits(low) and not fits(high)
+        while high - low > 10:
+            middle = (low + high) // 20 * 10
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        rows.append({**_plain(fits(low)), "cxl_gib": gib, "largest_batch": low})
+    return rows
+
+
 def _serial_tokens_per_second(plan) -> float:
     """tokens/s when each layer's chain (compute and transfers) is added to its weight stream, not overlapped."""
     from liac.passes.price import price_plan
@@ -195,7 +215,7 @@ def microbatch(compile_point) -> list[dict]:
 
 
 SECTIONS = {"thresholds": thresholds, "resident": resident, "ablation": ablation, "ipex": ipex, "cxl": cxl,
-            "absolute": absolute, "microbatch": microbatch}
+            "cxl_capacity": cxl_capacity, "absolute": absolute, "microbatch": microbatch}
 
 
 def main(argv=None) -> int:
