@@ -23,10 +23,10 @@ from liac.errors import InfeasibleError, LiacError, brief
 from liac.fileio import SweepWriter, check_writable, parse_yaml, safe_name, write_atomic, yaml_dump
 from liac.models import resolve_model
 from liac.models.config import ModelConfig
-from liac.passes.costs import SPLIT_PERMILLE, CostGraph, TierBudgets, Workload, annotate_costs
+from liac.passes.costs import SPLIT_PERMILLE, CostGraph, Microbatch, TierBudgets, Workload, annotate_costs
 from liac.passes.emit import emit_plan
-from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, parse_policy, price_config,
-                             solve_placement)
+from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, policy_label,
+                             price_config, solve_placement)
 from liac.plan import MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
 from liac.profile import HardwareProfile, resolve_profile
 from liac.schema_tools import to_data
@@ -151,9 +151,11 @@ def compile_budgets(profile: HardwareProfile, gpu_mem: int | None = None, cpu_me
 
 
 def point_costs(graph, profile: HardwareProfile, batch: int, prompt_len: int, gen_len: int,
-                budgets: TierBudgets) -> CostGraph:
-    """The CostGraph `compile_plans` solves for one workload point (splits priced at the compiler's grid)."""
-    return annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets, split_permille=SPLIT_PERMILLE)
+                budgets: TierBudgets, microbatches: tuple[Microbatch, ...] | None = None) -> CostGraph:
+    """The CostGraph `compile_plans` solves for one workload point (splits priced at the compiler's grid; the
+    prefill micro-batch candidates of `costs.prefill_microbatches`, or only `microbatches`)."""
+    return annotate_costs(graph, profile, Workload(batch, prompt_len, gen_len), budgets, split_permille=SPLIT_PERMILLE,
+                          microbatches=microbatches)
 
 
 def compile_point(graph, cfg: ModelConfig, profile: HardwareProfile, batch: int, prompt_len: int, gen_len: int,
@@ -161,7 +163,8 @@ def compile_point(graph, cfg: ModelConfig, profile: HardwareProfile, batch: int,
     """One workload point: price (`point_costs`), solve, emit. Raises InfeasibleError when nothing fits."""
     costs = point_costs(graph, profile, batch, prompt_len, gen_len, budgets)
     assignment, report = solve_placement(costs, options)
-    return CompiledPoint(plan=emit_plan(costs, assignment, report, cfg, objective), costs=costs, report=report)
+    return CompiledPoint(plan=emit_plan(costs, assignment, report, cfg, objective),
+                         costs=costs.with_prefill(assignment.prefill_microbatch), report=report)
 
 
 def reprice_point(graph, cfg: ModelConfig, profile: HardwareProfile, plan: OffloadPlan,
@@ -173,8 +176,9 @@ def reprice_point(graph, cfg: ModelConfig, profile: HardwareProfile, plan: Offlo
     model, the emitter, the inputs nor the format changed (tests/test_checked_in.py); None when the recorded choice
     is no longer a valid configuration.
     """
-    work = plan.spec.workload
-    costs = point_costs(graph, profile, work.batch_size, work.prompt_len, work.gen_len, budgets)
+    work, execution = plan.spec.workload, plan.spec.execution
+    recorded = Microbatch(execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens)
+    costs = point_costs(graph, profile, work.batch_size, work.prompt_len, work.gen_len, budgets, (recorded,))
     choices = []
     for group in plan.spec.layer_groups:
         cls = costs.layer_class(group.layer_class)
@@ -196,7 +200,7 @@ def reprice_point(graph, cfg: ModelConfig, profile: HardwareProfile, plan: Offlo
 def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128, gen_len: int = 32,
                   gpu_mem: int | None = None, cpu_mem: int | None = None, cxl_mem: int | None = None,
                   objective: str = "latency", policy: str | None = None, solver: str = "auto",
-                  prefetch_depth: int = 1, graph=None, progress=None) -> CompileResult:
+                  prefetch_depth: int = 1, resident_layers: bool = True, graph=None, progress=None) -> CompileResult:
     """Compile one plan per batch size (the one library call `liac compile` makes).
 
     Args:
@@ -211,6 +215,8 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
             'PREFILL/DECODE').
         solver: 'auto', 'cbc' or 'highs'.
         prefetch_depth: layers of streamed weights staged ahead (1 = double buffering).
+        resident_layers: False switches off LIA's Optimization-1: no decoder layer keeps all its weights in HBM
+            (`--no-resident-layers`; the plans' policy name says so).
         graph: an already traced SublayerGraph of `model` (skips tracing).
         progress: called with each batch size once its point is solved (feasible or not), e.g. to draw a bar.
 
@@ -220,7 +226,7 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     cfg, profile = _resolve(model, hw)
     batches = tuple(batches)
     _check_workload(cfg, batches, prompt_len, gen_len, objective)
-    policy_name = parse_policy(policy).name
+    policy_name = policy_label(policy, resident_layers)
     _check_budgets(profile, gpu_mem, cpu_mem, cxl_mem)
     if not isinstance(prefetch_depth, int) or isinstance(prefetch_depth, bool) or \
             not 1 <= prefetch_depth <= MAX_PREFETCH_DEPTH:
@@ -231,7 +237,7 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
         from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
 
         graph = trace_model(cfg)
-    options = SolverOptions(solver=solver, policy=policy)
+    options = SolverOptions(solver=solver, policy=policy, resident_layers=resident_layers)
     points, infeasible = [], []
     for batch in batches:
         try:

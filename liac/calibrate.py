@@ -248,7 +248,8 @@ def predict_rows(runs: list[Run], hw: HardwareProfile, graphs: dict | None = Non
     """Predicted seconds of every row of `runs` (in order) under profile `hw`: each run's plan priced as
     `emit_plan` prices it (`price_plan`), at the run's own workload.
 
-    CostGraphs are shared between runs of one model at one workload (prices do not depend on the placement).
+    CostGraphs are shared between runs of one model at one workload and prefill micro-batch (prices do not depend
+    on the placement).
     """
     from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
 
@@ -261,7 +262,9 @@ def predict_rows(runs: list[Run], hw: HardwareProfile, graphs: dict | None = Non
         sha = plan.spec.model.config_sha256
         if sha not in graphs:
             graphs[sha] = trace_model(plan.model_config)
-        key = (sha, run.batch_size, run.prompt_len, gen, split_grid(plan))
+        execution = plan.spec.execution  # the prefill is priced per micro-batch (Eq. 20): part of the prices
+        key = (sha, run.batch_size, run.prompt_len, gen, split_grid(plan), execution.prefill_microbatch_sequences,
+               execution.prefill_microbatch_tokens)
         plan_key = (run.plan.metadata.name, *key)
         if plan_key not in prices:
             price = price_plan(plan, hw=hw, graph=graphs[sha], costs=costs.get(key))

@@ -18,6 +18,8 @@ Versions:
     liac/v1        placement as a list of units in execution order, each `{name, prefill, decode, weights}`.
     liac/v2        each unit also gives the CPU's share of its output features per phase, `prefill_cpu_permille`
                    and `decode_cpu_permille`, and may be 'split' between the CPU and the GPU (issue 6).
+    liac/v3        `spec.execution` says how the prefill is cut into micro-batches, `prefill_microbatch_sequences`
+                   and `prefill_microbatch_tokens` (issue 17).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from typing import Any, Callable
 
 from liac.errors import LiacError, brief
 
-__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "V1ALPHA1", "V1", "V2", "LATEST",
-           "MIGRATIONS", "migrate_document"]
+__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "migrate_v2_to_v3", "V1ALPHA1", "V1",
+           "V2", "V3", "LATEST", "MIGRATIONS", "migrate_document"]
 
 V1ALPHA1 = "liac/v1alpha1"
 V1 = "liac/v1"
 V2 = "liac/v2"
-LATEST = V2  # what liac writes (liac.plan.API_VERSION)
+V3 = "liac/v3"
+LATEST = V3  # what liac writes (liac.plan.API_VERSION)
 
 # Units of one layer in execution order as of liac/v1 (frozen copy of liac.models.SUBLAYERS at that version).
 _V1_UNITS = {
@@ -166,11 +169,42 @@ def migrate_v1_to_v2(doc: dict) -> dict:
     return out
 
 
+def _positive_int(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MigrationError(path, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def migrate_v2_to_v3(doc: dict) -> dict:
+    """liac/v2 → liac/v3: `spec.execution` gains `prefill_microbatch_sequences` = `spec.workload.batch_size` and
+    `prefill_microbatch_tokens` = `spec.workload.prompt_len`: v2 prefilled the whole batch at once.
+
+    Args:
+        doc: a parsed liac/v2 document (not modified).
+
+    Returns:
+        A new liac/v3 document; everything else is carried over unchanged.
+
+    Raises:
+        MigrationError: naming the path in the old document when the workload or the execution is not a mapping,
+            or the batch size or the prompt length is not a positive integer.
+    """
+    out = copy.deepcopy(doc)
+    out["apiVersion"] = V3
+    spec = _mapping(out.get("spec"), "spec")
+    work = _mapping(spec.get("workload"), "spec.workload")
+    execution = _mapping(spec.get("execution"), "spec.execution")
+    execution["prefill_microbatch_sequences"] = _positive_int(work.get("batch_size"), "spec.workload.batch_size")
+    execution["prefill_microbatch_tokens"] = _positive_int(work.get("prompt_len"), "spec.workload.prompt_len")
+    return out
+
+
 # MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure and covered by a kept fixture
 # (tests/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
 MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
     V1ALPHA1: (V1, migrate_v1alpha1_to_v1),
     V1: (V2, migrate_v1_to_v2),
+    V2: (V3, migrate_v2_to_v3),
 }
 
 

@@ -2,7 +2,7 @@
 
 A plan is a Kubernetes-style document:
 
-    apiVersion: liac/v2
+    apiVersion: liac/v3
     kind: OffloadPlan
     metadata:  name, liac version                       (identity; no timestamps)
     spec:      model, hardware, workload, budgets,      (what the runtime must do; it reads nothing else)
@@ -121,6 +121,12 @@ class Execution:
                                      maximum=MAX_PREFETCH_DEPTH)
     staging_bytes: int = spec_field("GPU bytes of one staging buffer for streamed weights and KV of one layer",
                                     minimum=0, maximum=MAX_BYTES)
+    prefill_microbatch_sequences: int = spec_field("the prefill runs layer by layer in micro-batches of this many "
+                                                   "sequences (spec.workload.batch_size: the whole batch at once)",
+                                                   minimum=1, maximum=MAX_BATCH)
+    prefill_microbatch_tokens: int = spec_field("... and of this many prompt tokens, each chunk attending to the "
+                                                "ones before it (spec.workload.prompt_len: whole prompts)",
+                                                minimum=1, maximum=MAX_TOKENS)
     workspace_bytes: int = spec_field("GPU bytes the runtime's allocator may hold beyond its arena (weights, KV "
                                       "caches, staging buffers): activations and the GPU libraries' workspaces, "
                                       "reserved up front; the rest of memory.hbm_bytes beyond the arena is the "
@@ -327,6 +333,18 @@ def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
     return errors
 
 
+def _microbatch_errors(spec: PlanSpec) -> list[tuple[str, str]]:
+    """A prefill micro-batch is at most the whole batch and the whole prompt."""
+    errors = []
+    for name, limit, what in (("sequences", spec.workload.batch_size, "spec.workload.batch_size"),
+                              ("tokens", spec.workload.prompt_len, "spec.workload.prompt_len")):
+        value = getattr(spec.execution, f"prefill_microbatch_{name}")
+        if value > limit:
+            errors.append((f"spec.execution.prefill_microbatch_{name}", f"must be at most {what} ({limit}), got "
+                                                                         f"{value}"))
+    return errors
+
+
 def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
     """Checks the schema cannot express. Returns (yaml path, message) pairs; empty when the plan is sound."""
     errors: list[tuple[str, str]] = []
@@ -382,6 +400,7 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
             if decoder and sub.name in ("attn_score", "attn_context") and group.kv_cache == "hbm" \
                     and sub.decode == "cpu":
                 errors.append((f"{sub_where}.decode", "must be 'gpu': the group's KV cache is in 'hbm'"))
+    errors.extend(_microbatch_errors(spec))
     want_layers = {"embed": 1, "decoder": cfg.num_layers, "head": 1}
     for layer_class, count in want_layers.items():
         if next_layer[layer_class] != count:

@@ -20,7 +20,7 @@ from liac.errors import LiacError
 from liac.fileio import read_yaml
 
 __all__ = ["INDEX_NAME", "CATALOG_NAME", "INDEX_KIND", "INDEX_API_VERSION", "plan_files", "is_sweep_file", "read_index",
-           "policy_string"]
+           "policy_string", "microbatch_string"]
 
 INDEX_NAME = "index.yaml"  # a sweep's summary, written by `liac compile`
 CATALOG_NAME = "sweeps.yaml"  # in a directory of sweeps: every model × hardware tried, with why when infeasible
@@ -64,3 +64,9 @@ def policy_string(plan, phase: str) -> str:
     execution order (G GPU, C CPU, S split), for `phase`."""
     return "+".join(f"{g.layer_count}x" + "".join(_LETTERS[getattr(s, phase)] for s in g.sublayers)
                     for g in plan.spec.layer_groups if g.layer_class == "decoder")
+
+
+def microbatch_string(plan) -> str:
+    """'8x2016': the decoder's prefill micro-batch of an OffloadPlan, sequences x prompt tokens."""
+    execution = plan.spec.execution
+    return f"{execution.prefill_microbatch_sequences}x{execution.prefill_microbatch_tokens}"

@@ -14,7 +14,11 @@ hand the CPU part to the runtime's worker thread and join it. The CostGraph pric
 CPU share of its grid (`split_permille`).
 
 Every price is a small function of (op kind, bytes, FLOPs, profile) below; there are no per-model tables.
-Decode is priced at each of the gen_len - 1 steps (C grows by one per step).
+Decode is priced at each of the gen_len - 1 steps (C grows by one per step). The decoder's prefill runs in
+*micro-batches* (Eq. 20): `sequences` sequences × `tokens` prompt tokens at a time, layer by layer, so its steps are
+the distinct micro-batch points, each with how many micro-batches share it; the activations in the decoder's
+whole-footprint GPU workspace (Eq. 14) are one micro-batch's, beside the batch's residual stream. The CostGraph prices the whole batch and the candidate micro-batches the solver chooses among
+(`prefill_options`, `prefill_microbatches`).
 
     costs = annotate_costs(graph, resolve_profile("spr-h100"), Workload(1, 128, 32), budgets)
     costs.classes["decoder"].phases["decode"].units[0].gpu_seconds  # qkv on the GPU, each step
@@ -36,9 +40,11 @@ from liac.schema_tools import from_data, to_data
 from liac.sizes import GB
 
 __all__ = [
-    "OPERANDS", "SPLIT_PERMILLE", "Workload", "TierBudgets", "UnitCosts", "EdgeCosts", "PhaseCosts", "ClassCosts",
-    "CostGraph", "annotate_costs", "node_seconds", "cpu_node_prices", "cpu_throughput_rows", "experts_touched",
-    "transfer_seconds", "splittable", "activation_peak_bytes", "class_activation_peak", "gpu_workspace_bytes",
+    "OPERANDS", "SPLIT_PERMILLE", "WORKSPACE_SHARE", "Workload", "Microbatch", "TierBudgets", "UnitCosts",
+    "EdgeCosts", "PhaseCosts", "ClassCosts", "PrefillOption", "CostGraph", "annotate_costs", "node_seconds",
+    "cpu_node_prices", "cpu_throughput_rows", "experts_touched", "transfer_seconds", "splittable",
+    "microbatch_points", "prefill_microbatches", "activation_peak_bytes", "class_activation_peak",
+    "gpu_workspace_bytes",
 ]
 
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
@@ -50,6 +56,9 @@ _ATTENTION = ("attention_score", "softmax", "attention_context")
 SPLIT_PERMILLE = tuple(range(50, 1000, 50))
 # Node kinds a splittable unit may hold: its one weight GEMM and the element-wise ops around it.
 _SPLIT_KINDS = ("linear", "norm", "activation", "rope", "add")
+# Prefill micro-batches are offered while halving them still frees at least this share of the GPU budget (of the DDR
+# budget on a CPU-only profile) of workspace (Eq. 20): past that, more micro-batches only add launches.
+WORKSPACE_SHARE = 1 / 64
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,6 +72,19 @@ class Workload:
     batch_size: int
     prompt_len: int
     gen_len: int
+
+
+@dataclass(frozen=True)
+class Microbatch:
+    """How the decoder's prefill is cut (Eq. 20): `sequences` sequences × `tokens` prompt tokens at a time (the
+    last micro-batch of a row or of a prompt may be smaller). The whole batch is (batch_size, prompt_len)."""
+
+    sequences: int
+    tokens: int
+
+    def count(self, work: Workload) -> int:
+        """Micro-batches per layer: row blocks × prompt chunks."""
+        return -(-work.batch_size // self.sequences) * -(-work.prompt_len // self.tokens)
 
 
 @dataclass(frozen=True)
@@ -130,11 +152,19 @@ class EdgeCosts:
 
 @dataclass(frozen=True)
 class PhaseCosts:
-    """One phase of one layer class: `steps` steps (prefill 1, decode gen_len)."""
+    """One phase of one layer class: `steps` steps (decode gen_len - 1; prefill one per distinct micro-batch).
+
+    `repeats[k]` is how many micro-batches of the prefill share step k's point (() = one each; decode steps are
+    one pass each). A prefill's steps form one pass (Eq. 20)."""
 
     steps: int
     units: tuple[UnitCosts, ...]
     edges: tuple[EdgeCosts, ...]
+    repeats: tuple[int, ...] = ()
+
+    @property
+    def step_repeats(self) -> tuple[int, ...]:
+        return self.repeats or (1,) * self.steps
 
 
 @dataclass(frozen=True)
@@ -157,8 +187,22 @@ class ClassCosts:
 
 
 @dataclass(frozen=True)
+class PrefillOption:
+    """The decoder's prefill priced at another micro-batch (Eq. 20), and its workspaces there (Eq. 14: on the GPU,
+    the whole footprint beyond the arena; on the host, the activations)."""
+
+    microbatch: Microbatch
+    prefill: PhaseCosts
+    workspace_bytes: int
+    host_workspace_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class CostGraph:
-    """Everything the placement ILP needs, as numbers (see the module docstring)."""
+    """Everything the placement ILP needs, as numbers (see the module docstring).
+
+    The decoder class is priced at `prefill_microbatch`; `prefill_options` holds the other micro-batches the solver
+    may choose (`with_prefill` gives the CostGraph priced at one of them)."""
 
     model: str
     profile: str
@@ -174,6 +218,8 @@ class CostGraph:
     pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
     split_sync_seconds: float = 0.0  # Eq. 15: a split unit's join beyond its slower part
     gpu_context_bytes: int = 0  # Eq. 14: the part of every class's GPU workspace outside the runtime's allocator
+    prefill_microbatch: Microbatch = Microbatch(0, 0)  # the decoder's prefill micro-batch priced (0, 0: whole batch)
+    prefill_options: tuple[PrefillOption, ...] = ()  # other micro-batches the solver may choose (Eq. 20)
 
     def layer_class(self, name: str) -> ClassCosts:
         for costs in self.classes:
@@ -185,6 +231,31 @@ class CostGraph:
     def tiers(self) -> tuple[str, ...]:
         """Tiers a tensor may be placed in: CXL only when it has a budget."""
         return TIERS if self.budgets.cxl_bytes > 0 else TIERS[:2]
+
+    @property
+    def microbatch(self) -> Microbatch:
+        """The decoder's prefill micro-batch this CostGraph prices (the whole batch when not set)."""
+        if self.prefill_microbatch.sequences:
+            return self.prefill_microbatch
+        return Microbatch(self.workload.batch_size, self.workload.prompt_len)
+
+    @property
+    def microbatches(self) -> tuple[Microbatch, ...]:
+        """The micro-batch priced here, then the other candidates (`prefill_options`)."""
+        return (self.microbatch,) + tuple(option.microbatch for option in self.prefill_options)
+
+    def with_prefill(self, microbatch: Microbatch) -> "CostGraph":
+        """This CostGraph with the decoder's prefill and workspace priced at `microbatch` (one of `microbatches`),
+        and no other options."""
+        if microbatch == self.microbatch:
+            return dataclasses.replace(self, prefill_options=())
+        option = next((o for o in self.prefill_options if o.microbatch == microbatch), None)
+        if option is None:
+            raise KeyError(f"micro-batch {microbatch} is not priced (candidates: {self.microbatches})")
+        classes = tuple(dataclasses.replace(c, prefill=option.prefill, workspace_bytes=option.workspace_bytes,
+                                            host_workspace_bytes=option.host_workspace_bytes)
+                        if c.layer_class == "decoder" else c for c in self.classes)
+        return dataclasses.replace(self, classes=classes, prefill_microbatch=microbatch, prefill_options=())
 
     def to_json(self) -> str:
         return json.dumps(to_data(self), sort_keys=True)
@@ -341,6 +412,8 @@ def transfer_seconds(nbytes: float, rate_gb_per_s: float, hw: HardwareProfile) -
 
 
 def _points(layer_class: str, phase: str, work: Workload) -> list[tuple[int, int, int]]:
+    """The whole-batch points of a phase: prefill one (the decoder's micro-batches: `microbatch_points`), decode one
+    per step."""
     if phase == "prefill":
         batch, query, context = phase_point("prefill", work.batch_size, work.prompt_len)
         if layer_class == "head":  # the LM head needs only the last position's logits in prefill
@@ -349,6 +422,25 @@ def _points(layer_class: str, phase: str, work: Workload) -> list[tuple[int, int
     # gen_len tokens: the prefill's LM head gives the first, then gen_len - 1 decode steps give one each, step t
     # reading C = prompt_len + t + 1 keys (the last token is never fed back, so its K, V are never cached).
     return [phase_point("decode", work.batch_size, work.prompt_len, step) for step in range(work.gen_len - 1)]
+
+
+def microbatch_points(work: Workload, microbatch: Microbatch) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """The distinct (B, Q, C) points of a prefill cut into `microbatch`es, and how many micro-batches share each
+    (Eq. 20): row blocks of `sequences` (the last may be smaller) × prompt chunks of `tokens`, chunk j of a row
+    block attending to the K, V of every chunk up to it (C = its end)."""
+    rows = min(microbatch.sequences, work.batch_size)
+    tokens = min(microbatch.tokens, work.prompt_len)
+    blocks = {rows: work.batch_size // rows}
+    if work.batch_size % rows:
+        blocks[work.batch_size % rows] = blocks.get(work.batch_size % rows, 0) + 1
+    counts: dict[tuple[int, int, int], int] = {}
+    for batch, blocks_of_it in blocks.items():
+        for start in range(0, work.prompt_len, tokens):
+            query = min(tokens, work.prompt_len - start)
+            point = (batch, query, start + query)
+            counts[point] = counts.get(point, 0) + blocks_of_it
+    points = sorted(counts)
+    return points, [counts[p] for p in points]
 
 
 def _operand(subs: list[Sublayer]) -> str:
@@ -360,7 +452,9 @@ def _operand(subs: list[Sublayer]) -> str:
 
 
 def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, points, hw: HardwareProfile,
-                split_permille: tuple[int, ...]) -> UnitCosts:
+                split_permille: tuple[int, ...], whole: tuple[int, int, int] | None = None) -> UnitCosts:
+    """One unit's prices at each of `points`. A prefill's micro-batches stage the weights once for all of them
+    (Eq. 20): their stream is what the whole batch `whole` touches (an MoE layer: the experts any token hits)."""
     cpu, beside = [], []
     for tier in TIERS:
         row, room = [], []
@@ -378,11 +472,12 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
         kv = sum(s.kv_read(*point) for s in subs)
         if operand == "weights":
             operand_bytes = float(weights)
+            staged = float(sum(_weights_touched(s, whole[0], whole[1]) for s in subs)) if whole else operand_bytes
         elif operand == "kv" and phase == "decode":
-            operand_bytes = float(kv)  # decode attention reads the cache where it lives; prefill reads fresh K, V
+            operand_bytes = staged = float(kv)  # decode attention reads the cache where it lives; prefill, fresh K, V
         else:
-            operand_bytes = 0.0
-        stream.append(operand_bytes)
+            operand_bytes = staged = 0.0
+        stream.append(staged)
         cpu_read.append(operand_bytes)
         written = sum(s.kv_written(*point) for s in subs)
         kv_up.append(transfer_seconds(written, hw.pcie_h2d_gb_per_s, hw))
@@ -470,7 +565,8 @@ def _class_edges(graph: SublayerGraph, layer_class: str, units: list[str]) -> li
 
 
 def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload, budgets: TierBudgets,
-                   split_permille: tuple[int, ...] = SPLIT_PERMILLE) -> CostGraph:
+                   split_permille: tuple[int, ...] = SPLIT_PERMILLE,
+                   microbatches: tuple[Microbatch, ...] | None = None) -> CostGraph:
     """SublayerGraph[traced] + HardwareProfile → CostGraph.
 
     Args:
@@ -479,17 +575,22 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
         workload: batch size, prompt and generation lengths.
         budgets: bytes per tier the plan may use, and the prefetch depth.
         split_permille: CPU shares (permille, each 1..999) to price split units at; () prices no splits.
+        microbatches: the decoder's prefill micro-batches to price (Eq. 20): the first into the decoder class, the
+            others as `prefill_options` for the solver to choose among; None: `prefill_microbatches`' candidates.
 
     Returns:
         The CostGraph: prices for every unit, device, tier, phase and step.
 
     Raises:
-        ValueError: the graph is not at stage 'traced', or a split share is outside 1..999.
+        ValueError: the graph is not at stage 'traced', a split share is outside 1..999, or a micro-batch is not
+            positive.
     """
     require_stage(graph, "traced", "annotate_costs")
     split_permille = tuple(sorted({int(p) for p in split_permille}))
     if any(not 0 < p < 1000 for p in split_permille):
         raise ValueError(f"split shares must be permille in 1..999, got {split_permille}")
+    if microbatches is not None and (not microbatches or any(m.sequences < 1 or m.tokens < 1 for m in microbatches)):
+        raise ValueError(f"prefill micro-batches must have at least one sequence and token, got {microbatches}")
     embed_weights = {w.name for s in graph.sublayers("embed") for w in s.weights}
     shares = graph.graph.get("tied_weights", {})  # head weight name → the embedding weight it shares storage with
     tied = {w.name: w.nbytes for s in graph.sublayers("head") for w in s.weights
@@ -497,40 +598,56 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
     # A tied matrix the tracer lists only under the head is still the embedding's: the lookup reads it too.
     embed_extra = tuple(w for s in graph.sublayers("head") for w in s.weights
                         if w.name in shares and shares[w.name] not in embed_weights)
-    classes = []
+    layers = {}
     for layer_class in ("embed", "decoder", "head"):
         units = graph.units(layer_class)
         subs = graph.sublayers(layer_class)
         if layer_class == "embed" and embed_extra:
             subs = [dataclasses.replace(s, weights=s.weights + embed_extra) if s.kind == "embedding" else s
                     for s in subs]
-        by_unit = {u: [s for s in subs if s.unit == u] for u in units}
-        operands = tuple(_operand(by_unit[u]) for u in units)
-        weight_bytes = tuple(sum(s.weight_bytes for s in by_unit[u]) for u in units)
-        edges = _class_edges(graph, layer_class, units)
+        layers[layer_class] = _Layer(units, subs, {u: [s for s in subs if s.unit == u] for u in units},
+                                     _class_edges(graph, layer_class, units))
+    decoder = layers["decoder"]
+    residual = _residual_bytes(graph)
+
+    def peak(name: str, phase: str) -> float:
+        layer = layers[name]
+        return activation_peak_bytes(layer.subs, layer.units, layer.edges, phase, _points(name, phase, workload))
+
+    decoding = peak("decoder", "decode")
+
+    def decoder_activations(microbatch: Microbatch) -> float:
+        """The decoder's activation peak (Eq. 14) with its prefill in `microbatch`es (Eq. 20)."""
+        return max(decoding, _prefill_activations(decoder, residual, workload, microbatch))
+
+    if microbatches is None:
+        # Candidates halve while the decoder's own workspace shrinks (the embedding's may sit on the CPU, so it does
+        # not stop the halving).
+        microbatches = prefill_microbatches(workload, lambda m: gpu_workspace_bytes(decoder_activations(m), hw),
+                                            budgets.hbm_bytes or budgets.ddr_bytes)
+    classes = []
+    for layer_class, layer in layers.items():
         phases = {}
-        activations = 0.0
         for phase in PHASES:
-            points = _points(layer_class, phase, workload)
-            unit_costs = tuple(_unit_costs(u, by_unit[u], operands[i], phase, points, hw, split_permille)
-                               for i, u in enumerate(units))
-            edge_costs = tuple(
-                EdgeCosts(src=src, dst=dst,
-                          h2d_seconds=tuple(transfer_seconds(nbytes(*p), hw.pcie_h2d_gb_per_s, hw) for p in points),
-                          d2h_seconds=tuple(transfer_seconds(nbytes(*p), hw.pcie_d2h_gb_per_s, hw) for p in points))
-                for src, dst, nbytes in edges)
-            phases[phase] = PhaseCosts(steps=len(points), units=unit_costs, edges=edge_costs)
-            activations = max(activations, activation_peak_bytes(subs, units, edges, phase, points))
+            if layer_class == "decoder" and phase == "prefill":
+                phases[phase] = _prefill_costs(layer, workload, microbatches[0], hw, split_permille)
+            else:
+                phases[phase] = _phase_costs(layer, phase, _points(layer_class, phase, workload), hw, split_permille)
+        activations = decoder_activations(microbatches[0]) if layer_class == "decoder" \
+            else max(peak(layer_class, phase) for phase in PHASES)
         kv_cache = 0
         if layer_class == "decoder":
             prefill_point = _points("decoder", "prefill", workload)[0]
-            kv_cache = int(sum(s.kv_written(*prefill_point) for s in subs)
-                           + sum(s.kv_written(*p) for s in subs for p in _points("decoder", "decode", workload)))
+            kv_cache = int(sum(s.kv_written(*prefill_point) for s in layer.subs)
+                           + sum(s.kv_written(*p) for s in layer.subs for p in _points("decoder", "decode", workload)))
         classes.append(ClassCosts(layer_class=layer_class, count=int(graph.graph["layer_counts"][layer_class]),
-                                  units=tuple(units), operands=operands, weight_bytes=weight_bytes,
+                                  units=tuple(layer.units), operands=layer.operands, weight_bytes=layer.weight_bytes,
                                   kv_cache_bytes=kv_cache, workspace_bytes=gpu_workspace_bytes(activations, hw),
                                   prefill=phases["prefill"], decode=phases["decode"],
                                   host_workspace_bytes=int(activations)))
+    options = tuple(PrefillOption(m, _prefill_costs(decoder, workload, m, hw, split_permille),
+                                  gpu_workspace_bytes(decoder_activations(m), hw), int(decoder_activations(m)))
+                    for m in microbatches[1:])
     cxl_stream = min(hw.cxl_gb_per_s, hw.pcie_h2d_gb_per_s) if hw.cxl_gb_per_s > 0 else hw.pcie_h2d_gb_per_s
     return CostGraph(model=str(graph.graph.get("model", {}).get("name", "model")), profile=hw.name,
                      profile_sha256=hw.sha256(), workload=workload, budgets=budgets,
@@ -538,7 +655,70 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes),
                      tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
                      pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds,
-                     gpu_context_bytes=hw.gpu_context_bytes)
+                     gpu_context_bytes=hw.gpu_context_bytes, prefill_microbatch=microbatches[0],
+                     prefill_options=options)
+
+
+class _Layer(NamedTuple):
+    """One layer class as the pass prices it: its units, its nodes, its nodes per unit, its activation edges."""
+
+    units: list[str]
+    subs: list[Sublayer]
+    by_unit: dict[str, list[Sublayer]]
+    edges: list[_Edge]
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(_operand(self.by_unit[u]) for u in self.units)
+
+    @property
+    def weight_bytes(self) -> tuple[int, ...]:
+        return tuple(sum(s.weight_bytes for s in self.by_unit[u]) for u in self.units)
+
+
+def _phase_costs(layer: _Layer, phase: str, points, hw: HardwareProfile, split_permille: tuple[int, ...],
+                 repeats: tuple[int, ...] = (), whole: tuple[int, int, int] | None = None) -> PhaseCosts:
+    operands = layer.operands
+    unit_costs = tuple(_unit_costs(u, layer.by_unit[u], operands[i], phase, points, hw, split_permille, whole)
+                       for i, u in enumerate(layer.units))
+    edge_costs = tuple(
+        EdgeCosts(src=src, dst=dst,
+                  h2d_seconds=tuple(transfer_seconds(nbytes(*p), hw.pcie_h2d_gb_per_s, hw) for p in points),
+                  d2h_seconds=tuple(transfer_seconds(nbytes(*p), hw.pcie_d2h_gb_per_s, hw) for p in points))
+        for src, dst, nbytes in layer.edges)
+    return PhaseCosts(steps=len(points), units=unit_costs, edges=edge_costs, repeats=repeats)
+
+
+def _prefill_costs(layer: _Layer, work: Workload, microbatch: Microbatch, hw: HardwareProfile,
+                   split_permille: tuple[int, ...]) -> PhaseCosts:
+    """The decoder's prefill in `microbatch`es (Eq. 20): one step per distinct micro-batch point; the weights are
+    staged once for all of them (priced at the whole batch)."""
+    points, counts = microbatch_points(work, microbatch)
+    whole = _points("decoder", "prefill", work)[0]
+    if points == [whole]:
+        return _phase_costs(layer, "prefill", points, hw, split_permille)
+    return _phase_costs(layer, "prefill", points, hw, split_permille, tuple(counts), whole)
+
+
+def prefill_microbatches(work: Workload, workspace, budget_bytes: int) -> tuple[Microbatch, ...]:
+    """The prefill micro-batches offered to the solver (Eq. 20): the whole batch, then halving it, by sequences first
+    (LIA's mini-batches) and, once one sequence is left, by prompt tokens (chunks), for as long as a halving frees at
+    least `WORKSPACE_SHARE` of `budget_bytes` of workspace (`workspace(microbatch)`, Eq. 14)."""
+    out = [Microbatch(work.batch_size, work.prompt_len)]
+    current = workspace(out[0])
+    sequences, tokens = out[0].sequences, out[0].tokens
+    while sequences > 1 or tokens > 1:
+        if sequences > 1:
+            sequences = -(-sequences // 2)
+        else:
+            tokens = -(-tokens // 2)
+        candidate = Microbatch(sequences, tokens)
+        smaller = workspace(candidate)
+        if current - smaller < WORKSPACE_SHARE * budget_bytes:
+            break
+        out.append(candidate)
+        current = smaller
+    return tuple(out)
 
 
 def _node_live_bytes(sub: Sublayer, point: tuple[int, int, int], fresh_kv: float) -> float:
@@ -575,11 +755,17 @@ def activation_peak_bytes(subs: list[Sublayer], units: list[str], edges, phase: 
     return peak
 
 
-def class_activation_peak(graph: SublayerGraph, layer_class: str, workload: Workload) -> float:
+def class_activation_peak(graph: SublayerGraph, layer_class: str, workload: Workload,
+                          microbatch: Microbatch | None = None) -> float:
     """Eq. 14's activation peak A of one class at a workload, over both phases (what `annotate_costs` records as
-    the class's `host_workspace_bytes`), straight from the traced graph."""
+    the class's `host_workspace_bytes`), straight from the traced graph; the decoder's prefill in `microbatch`es
+    (None: the whole batch at once)."""
     units, subs = graph.units(layer_class), graph.sublayers(layer_class)
     edges = _class_edges(graph, layer_class, units)
+    if layer_class == "decoder" and microbatch is not None:
+        return max(activation_peak_bytes(subs, units, edges, "decode", _points("decoder", "decode", workload)),
+                   _prefill_activations(_Layer(units, subs, {}, edges), _residual_bytes(graph), workload,
+                                        microbatch))
     return max(activation_peak_bytes(subs, units, edges, phase, _points(layer_class, phase, workload))
                for phase in PHASES)
 
@@ -589,3 +775,28 @@ def gpu_workspace_bytes(activation_bytes: float, hw: HardwareProfile) -> int:
     class there: the CUDA context (outside the caching allocator), the libraries' workspaces, and the activation
     peak scaled by the profile's measured `gpu_activation_factor` (the allocator's reserved bytes over the model)."""
     return int(hw.gpu_context_bytes + hw.gpu_library_workspace_bytes + hw.gpu_activation_factor * activation_bytes)
+
+
+def _residual_bytes(graph: SublayerGraph):
+    """Bytes of the residual stream at a point (B, Q, C): the largest activation the embedding hands the decoder
+    (a Poly; a function returning 0 for a graph without one)."""
+    tensors = [data["tensor"].nbytes for src, dst, data in graph.edges(data=True)
+               if graph.nodes[src]["sublayer"].layer_class == "embed"
+               and graph.nodes[dst]["sublayer"].layer_class == "decoder"]
+    return lambda *point: max((float(t(*point)) for t in tensors), default=0.0)
+
+
+def _prefill_activations(layer: _Layer, residual, work: Workload, microbatch: Microbatch) -> float:
+    """The decoder's prefill activation peak in `microbatch`es (Eqs. 14, 20): one micro-batch's peak
+    (`activation_peak_bytes` at its points), plus the rest of the batch's residual stream (held between layers: the
+    prefill runs layer by layer) and, when the prompt is chunked, the layer's K and V of the prompt so far for one
+    row block (the buffer chunked attention reads; counted beside the chunk's own K, V, which is conservative)."""
+    points, _ = microbatch_points(work, microbatch)
+    rows = min(microbatch.sequences, work.batch_size)
+    tokens = min(microbatch.tokens, work.prompt_len)
+    whole = (work.batch_size, work.prompt_len, work.prompt_len)
+    held = residual(*whole) - residual(rows, tokens, tokens)
+    prompt_kv = 0.0
+    if tokens < work.prompt_len:
+        prompt_kv = float(sum(s.kv_written(rows, work.prompt_len, work.prompt_len) for s in layer.subs))
+    return activation_peak_bytes(layer.subs, layer.units, layer.edges, "prefill", points) + held + prompt_kv

@@ -4,7 +4,7 @@ Decoder layers that share a configuration become one contiguous `layer_group`; g
 their weights and KV cache sits in HBM (most first: LIA's resident layers lead, as in its artifact), ties broken
 by the configuration itself, so the same assignment always gives the same plan. `spec` gets what the runtime needs
 (model with its full config and hash, hardware profile and hash, workload, budgets, bytes to reserve per tier,
-prefetch depth and staging size); `status` gets the solver report, the predicted seconds per phase and per
+prefetch depth, staging size and the prefill's micro-batch); `status` gets the solver report, the predicted seconds per phase and per
 sublayer (the groups priced by `price.price_groups`, the equations the solver used and `liac explain` and
 `liac calibrate` re-price with), tokens/s, and memory per tier against its budget. No timestamps, no solve times:
 same inputs, same bytes.
@@ -76,12 +76,13 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
     """CostGraph + Assignment → OffloadPlan (see the module docstring).
 
     Args:
-        costs: the cost graph the assignment was solved on.
+        costs: the cost graph the assignment was solved on (priced at the micro-batch the solver chose).
         assignment: the solver's choice.
         report: the solver's report (its wall time is not written).
         cfg: the model's architecture (spec.model.config).
         objective: 'latency' or 'throughput' (recorded in spec.workload).
     """
+    costs = costs.with_prefill(assignment.prefill_microbatch)
     work = costs.workload
     groups = _layer_groups(costs, assignment)
     depth = costs.budgets.prefetch_depth if assignment.staging_bytes else 0
@@ -95,7 +96,9 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
         budgets=Budgets(gpu_bytes=capacity["hbm"], cpu_bytes=capacity["ddr"], cxl_bytes=capacity["cxl"]),
         memory=TierBytes(hbm_bytes=used["hbm"], ddr_bytes=used["ddr"], cxl_bytes=used["cxl"]),
         execution=Execution(prefetch_depth=depth, staging_bytes=assignment.staging_bytes,
-                            workspace_bytes=max(0, assignment.workspace_bytes - costs.gpu_context_bytes)),
+                            workspace_bytes=max(0, assignment.workspace_bytes - costs.gpu_context_bytes),
+                            prefill_microbatch_sequences=assignment.prefill_microbatch.sequences,
+                            prefill_microbatch_tokens=assignment.prefill_microbatch.tokens),
         layer_groups=groups)
     status = PlanStatus(
         solver=PlanSolverReport(name=report.name, status=report.status, objective_seconds=report.objective_seconds,

@@ -32,21 +32,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from liac.errors import LiacError
+from liac.errors import InfeasibleError, LiacError
 from liac.passes.costs import ClassCosts, CostGraph
-from liac.passes.ilp_check import check_solution
+from liac.passes.ilp_check import GAP_TOLERANCE, check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
 from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
 from liac.passes.price import layer_time, operand_tiers
 from liac.plan import HOST_TIERS
 
 __all__ = ["SolverOptions", "Policy", "LayerConfig", "LayerChoice", "Assignment", "SolverReport", "POLICIES", "WHOLE",
-           "parse_policy", "phase_placements", "layer_configs", "price_config", "assemble_assignment",
-           "solve_placement"]
+           "parse_policy", "policy_label", "phase_placements", "layer_configs", "price_config",
+           "assemble_assignment", "solve_placement"]
 
 # Fixed policies of LIA (lia-paper.md §2.3) over the six decoder units (qkv, attn_score, attn_context, out_proj,
-# fc1/gate_up/router, fc2/down/experts), 1 = GPU. Each also allows LIA's Optimization-1: whole layers resident
-# in HBM, computed on the GPU. 'lia' lets the solver pick among LIA's three per phase.
+# fc1/gate_up/router, fc2/down/experts), 1 = GPU. Each comes with LIA's memory rule: a layer is either resident
+# (Optimization-1: all its weights and its KV cache in HBM, computed on the GPU) or keeps all its weights in one host
+# tier and its KV cache in host memory. 'lia' lets the solver pick among LIA's three per phase.
 POLICIES: dict[str, tuple[tuple[int, ...], ...]] = {
     "lia-cpu": ((0, 0, 0, 0, 0, 0),),
     "lia-partial": ((1, 0, 0, 1, 1, 1),),
@@ -68,6 +69,7 @@ class Policy:
     decode: tuple[tuple[int, ...], ...] | None = None
     prefill_split: bool = True
     decode_split: bool = True
+    lia_memory: bool = False  # LIA's memory rule (POLICIES): whole layers resident, or all weights in one host tier
 
     def allowed(self, phase: str) -> tuple[tuple[tuple[int, ...], ...] | None, bool]:
         return (self.prefill, self.prefill_split) if phase == "prefill" else (self.decode, self.decode_split)
@@ -86,6 +88,15 @@ class SolverReport:
     configurations: int  # decoder configurations offered to the master problem
 
 
+def policy_label(policy: str | None, resident_layers: bool = True) -> str:
+    """The name a restriction goes by in plans and indexes: the policy's ('optimal' when free), with
+    '.no-resident-layers' (alone for the optimum) when LIA's Optimization-1 is switched off."""
+    name = parse_policy(policy).name
+    if resident_layers:
+        return name
+    return "no-resident-layers" if name == "optimal" else f"{name}.no-resident-layers"
+
+
 def parse_policy(policy: str | None, source: str = "--policy") -> Policy:
     """'lia-cpu', 'whole' or 'lia-gpu/lia-cpu' (prefill/decode) → Policy; None or 'optimal' → unrestricted."""
     if policy is None or policy in ("", "optimal"):
@@ -95,7 +106,8 @@ def parse_policy(policy: str | None, source: str = "--policy") -> Policy:
         raise LiacError(source, f"unknown policy '{policy}': must be one of "
                         + ", ".join(f"'{p}'" for p in (*POLICIES, WHOLE)) + " or 'PREFILL/DECODE' of two of them")
     prefill, decode = parts[0], parts[-1]
-    return Policy(policy, POLICIES.get(prefill), POLICIES.get(decode), False, False)
+    return Policy(policy, POLICIES.get(prefill), POLICIES.get(decode), False, False,
+                  lia_memory=prefill in POLICIES or decode in POLICIES)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,15 +273,34 @@ def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str, vectors: list[t
     return fronts
 
 
+def _allowed_tiers(cls: ClassCosts, weight_tiers: tuple[str, ...], kv: str, policy: Policy,
+                   resident_layers: bool) -> bool:
+    """Whether a decoder layer may keep its weights in `weight_tiers` and its KV cache in `kv`. A *resident* layer
+    keeps all its weights in HBM (LIA's Optimization-1); `resident_layers` False forbids it. Under LIA's memory rule
+    a resident layer keeps its KV cache in HBM too, and any other layer keeps all its weights in one host tier and
+    its KV cache in host memory."""
+    if cls.layer_class != "decoder" or not weight_tiers:
+        return True
+    resident = all(t == "hbm" for t in weight_tiers)
+    if resident and not resident_layers:
+        return False
+    if policy.lia_memory:
+        return kv == "hbm" if resident else len(set(weight_tiers)) == 1 and "hbm" not in (weight_tiers[0], kv)
+    return True
+
+
 def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("optimal"),
-                  max_split_units: int = 1) -> list[LayerConfig]:
+                  max_split_units: int = 1, resident_layers: bool = True, memo: dict | None = None,
+                  memo_phases: tuple[str, ...] = ("decode",)) -> list[LayerConfig]:
     """Every non-dominated configuration of one layer of `cls` (steps 1-3 of the module docstring).
 
     A configuration is kept unless another one is at most as slow (up to `TIE_RELATIVE`) and uses no more of
     anything a constraint can bind on: bytes per tier, staging bytes, GPU use. Every constraint of the master
     problem is an upper bound on a sum or a max of these, so the dropped ones are never needed for an optimum
     (docs/cost-model.md §3). `policy` restricts the decoder's placements; whole layers resident in HBM and
-    computed on the GPU stay allowed (LIA's Optimization-1).
+    computed on the GPU stay allowed (LIA's Optimization-1) unless `resident_layers` is False (`_allowed_tiers`).
+    `memo` keeps the phase fronts of `memo_phases` between calls on CostGraphs that price those phases alike (the
+    prefill micro-batches of one point: their decode is the same).
     """
     tiers = costs.tiers
     num_units = len(cls.units)
@@ -282,11 +313,21 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         for unit, tier in zip(weight_units, weight_tiers):
             weights[unit] = tier
         for kv in kv_choices:
+            if not _allowed_tiers(cls, weight_tiers, kv, policy, resident_layers):
+                continue
             resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
             layouts.append((tuple(weights), kv, operand_tiers(cls, tuple(weights), kv), resident))
     vectors = [(operand, resident) for _, _, operand, resident in layouts]
-    prefill = _phase_fronts(costs, cls, "prefill", vectors, policy, max_split_units)
-    decode = _phase_fronts(costs, cls, "decode", vectors, policy, max_split_units)
+    fronts = {}
+    for phase in ("prefill", "decode"):
+        key = (cls.layer_class, phase)
+        if memo is not None and key in memo:
+            fronts[phase] = memo[key]
+            continue
+        fronts[phase] = _phase_fronts(costs, cls, phase, vectors, policy, max_split_units)
+        if memo is not None and phase in memo_phases:
+            memo[key] = fronts[phase]
+    prefill, decode = fronts["prefill"], fronts["decode"]
     for (weights, kv, _, _), pre, dec in zip(layouts, prefill, decode):
         if pre is None or dec is None:
             continue
@@ -382,7 +423,8 @@ def price_config(costs: CostGraph, cls: ClassCosts, weights: tuple[str, ...], kv
 
 def assemble_assignment(costs: CostGraph, choices: tuple[LayerChoice, ...]) -> Assignment:
     """The configurations and counts chosen per class → the Assignment: the shared buffers sized by the choices
-    (the staging level only bounds them from above), the objective, a tied embedding held once."""
+    (the staging level only bounds them from above), the objective, a tied embedding held once, at the prefill
+    micro-batch `costs` prices (`CostGraph.with_prefill`)."""
     staging_bytes = max((c.staging_bytes for _, c, _ in choices), default=0)
     workspace_bytes = max((costs.layer_class(name).workspace_bytes for name, c, _ in choices if c.uses_gpu),
                           default=0)
@@ -392,42 +434,96 @@ def assemble_assignment(costs: CostGraph, choices: tuple[LayerChoice, ...]) -> A
     return Assignment(choices=tuple(choices), staging_bytes=staging_bytes, workspace_bytes=workspace_bytes,
                       host_workspace_bytes=max(c.host_workspace_bytes for c in costs.classes),
                       objective_seconds=objective, tied_tier=tied_tier,
-                      tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0)
+                      tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0,
+                      prefill_microbatch=costs.microbatch)
 
 
 def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) -> tuple[Assignment, SolverReport]:
     """CostGraph → the optimal Assignment and how it was found.
 
-    The staging buffer is sized by the largest configuration in use (Eq. 12); the master problem is solved per
-    staging level S (Eq. 12'), best bound first: a level whose lower bound (Lagrangian, then its LP relaxation)
-    cannot beat the best plan found is closed without solving; the best over all levels is the optimum of
-    Eqs. 10-13.
+    The decoder's prefill micro-batch is chosen among `costs.microbatches` (Eq. 20): each candidate is solved in
+    turn (fewest micro-batches first; a later one must be strictly better), a candidate whose bound without memory
+    limits cannot beat the best plan found being skipped. At one micro-batch, the staging buffer is sized by the
+    largest configuration in use (Eq. 12); the master problem is solved per staging level S (Eq. 12'), best bound
+    first: a level whose lower bound (Lagrangian, then its LP relaxation) cannot beat the best plan found is closed
+    without solving; the best over all levels is the optimum of Eqs. 10-13.
 
     Raises:
-        InfeasibleError: no placement fits the budgets; names the binding tier(s) and the shortfall in GiB.
+        InfeasibleError: no placement fits the budgets at any micro-batch; names the binding tier(s) and the
+            shortfall in GiB at the one with the least workspace.
         LiacError: unknown solver or policy.
     """
     start = time.perf_counter()
     policy = parse_policy(options.policy)
-    check_capacity(costs)  # before the columns: an oversized model fails fast
-    configs = {}
-    for cls in costs.classes:
-        # Policies restrict the decoder; the embedding and the head keep whole placements under any policy.
-        restrict = policy if cls.layer_class == "decoder" or policy.name == "optimal" else Policy(
-            policy.name, prefill_split=False, decode_split=False)
-        configs[cls.layer_class] = layer_configs(costs, cls, restrict, options.max_split_units)
-    check_capacity(costs, configs)
-    solution = solve_master(costs, configs, options)
+    candidates = costs.microbatches
+    check_capacity(costs.with_prefill(candidates[-1]))  # before the columns: an oversized model fails fast
+    best = None
+    lower = np.inf  # the least lower bound proven over the micro-batches solved
+    ends = {}  # the embedding's and the head's configurations: the same at every micro-batch
+    memo = {}  # the decoder's decode fronts: the same at every micro-batch
+    for position, microbatch in enumerate(candidates):
+        priced = costs.with_prefill(microbatch)
+        configs = {}
+        for cls in priced.classes:
+            if cls.layer_class != "decoder":
+                if cls.layer_class not in ends:
+                    ends[cls.layer_class] = layer_configs(priced, cls, _class_policy(policy, cls),
+                                                          options.max_split_units, options.resident_layers)
+                configs[cls.layer_class] = ends[cls.layer_class]
+            else:
+                configs[cls.layer_class] = layer_configs(priced, cls, policy, options.max_split_units,
+                                                         options.resident_layers, memo)
+        if best is not None and _cannot_improve(_free_bound(priced, configs), best[0].objective_seconds):
+            continue  # its bound is no lower than the best plan's objective
+        last = position == len(candidates) - 1
+        try:
+            check_capacity(priced, configs)
+            # Only the last candidate (the least workspace) says why nothing fits, and only if nothing did: the
+            # elastic problems that find the shortfall cost more than the solve.
+            solution = solve_master(priced, configs, options, diagnose=last and best is None)
+        except InfeasibleError:
+            if last and best is None:
+                raise
+            continue  # no plan at this micro-batch: it bounds nothing
+        assignment = _assignment(priced, configs, solution)
+        # The search's answer re-verified at this micro-batch; its gap gives the bound it proved there.
+        gap = check_solution(priced, assignment, solution.certificate, configs)
+        lower = min(lower, assignment.objective_seconds * (1 - gap))
+        if best is None or assignment.objective_seconds < best[0].objective_seconds * (1 - 1e-9):
+            best = (assignment, solution, len(configs["decoder"]))
+    assignment, solution, count = best
+    objective = assignment.objective_seconds
+    gap = max(0.0, (objective - lower) / objective) if objective > 0 else 0.0
+    gap = 0.0 if gap <= GAP_TOLERANCE else gap
+    report = SolverReport(name=solution.solver, status="optimal" if gap == 0.0 else "feasible",
+                          objective_seconds=objective, gap=gap, seconds=time.perf_counter() - start,
+                          policy=policy_label(options.policy, options.resident_layers), configurations=count)
+    return assignment, report
+
+
+def _class_policy(policy: Policy, cls: ClassCosts) -> Policy:
+    """Policies restrict the decoder; the embedding and the head keep whole placements under any policy."""
+    if cls.layer_class == "decoder" or policy.name == "optimal":
+        return policy
+    return Policy(policy.name, prefill_split=False, decode_split=False)
+
+
+def _free_bound(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> float:
+    """A lower bound of the objective without any memory limit: each class's layers at their fastest."""
+    return sum(cls.count * min((c.seconds for c in configs[cls.layer_class]), default=np.inf)
+               for cls in costs.classes)
+
+
+def _cannot_improve(bound: float, best: float) -> bool:
+    return bound >= best * (1 - GAP_TOLERANCE)
+
+
+def _assignment(costs: CostGraph, configs: dict[str, list[LayerConfig]], solution) -> Assignment:
+    """The master problem's counts as an Assignment at the micro-batch `costs` prices (`assemble_assignment`)."""
     choices = []
     for cls in costs.classes:
         for index, config in enumerate(configs[cls.layer_class]):
             value = solution.counts.get((cls.layer_class, index), 0)
             if value:
                 choices.append(LayerChoice(cls.layer_class, config, value))
-    assignment = assemble_assignment(costs, tuple(choices))
-    gap = check_solution(costs, assignment, solution.certificate, configs)
-    report = SolverReport(name=solution.solver, status="optimal" if gap == 0.0 else "feasible",
-                          objective_seconds=assignment.objective_seconds, gap=gap,
-                          seconds=time.perf_counter() - start, policy=policy.name,
-                          configurations=len(configs["decoder"]))
-    return assignment, report
+    return assemble_assignment(costs, tuple(choices))

@@ -373,11 +373,13 @@ def _fits(costs: CostGraph, columns: dict[str, ClassColumns], counts: dict) -> b
     return bool((used <= np.array([budgets.hbm_bytes, budgets.ddr_bytes, budgets.cxl_bytes])).all())
 
 
-def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], options: SolverOptions) -> MasterSolution:
+def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], options: SolverOptions,
+                 diagnose: bool = True) -> MasterSolution:
     """The optimum of Eqs. 10-13 over `configs` (see the module docstring).
 
     Raises:
-        InfeasibleError: no choice fits the budgets; names the binding tier(s) and the shortfall in GiB.
+        InfeasibleError: no choice fits the budgets; names the binding tier(s) and the shortfall in GiB (with
+            `diagnose` False, only that nothing fits: the elastic problems that find the shortfall are skipped).
         LiacError: unknown solver.
     """
     solver_name, solver = make_solver(options)
@@ -459,6 +461,8 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
                                        f"{_size(levels[open_levels[0]])} without a plan or a proof that none exists "
                                        f"(work limits: {options.max_states} states, {options.node_limit} nodes): "
                                        f"retry with --solver {'cbc' if solver_name == 'HiGHS' else 'highs'}")
+        if not diagnose:
+            raise InfeasibleError("compile", "no placement fits the memory budgets", tier="", short_bytes=0)
         _diagnose(costs, configs, solver)
     for bound, first, last, _ in heap:  # closed by their bounds: a solved relaxation's, or the multipliers'
         if bound > bounds.bound(first, last) * (1 + 1e-12):

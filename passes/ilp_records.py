@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from liac.passes.costs import Microbatch
+
 __all__ = ["SolverOptions", "LayerConfig", "LayerChoice", "Assignment", "Certificate"]
 
 
@@ -30,6 +32,7 @@ class SolverOptions:
     node_limit: int = 100_000
     policy: str | None = None  # None (free), a POLICIES name or 'whole' for both phases, or 'PREFILL/DECODE'
     max_split_units: int = 1  # split units per layer and phase (docs/cost-model.md §3: why one is enough)
+    resident_layers: bool = True  # LIA's Optimization-1: a decoder layer may keep all its weights in HBM
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Assignment:
     objective_seconds: float
     tied_tier: str = "none"  # the tier holding a tied embedding/LM-head matrix once, when both units chose it
     tied_bytes: int = 0
+    prefill_microbatch: Microbatch = Microbatch(0, 0)  # the decoder's prefill micro-batch (Eq. 20)
 
     def tier_used_bytes(self, tier: str, prefetch_depth: int) -> int:
         used = sum(config.tier_bytes(tier) * count for _, config, count in self.choices)

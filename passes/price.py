@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from liac.errors import LiacError
-from liac.passes.costs import (SPLIT_PERMILLE, ClassCosts, CostGraph, EdgeCosts, PhaseCosts, TierBudgets, UnitCosts,
-                               Workload, annotate_costs)
+from liac.passes.costs import (SPLIT_PERMILLE, ClassCosts, CostGraph, EdgeCosts, Microbatch, PhaseCosts, TierBudgets,
+                               UnitCosts, Workload, annotate_costs)
 from liac.plan import HOST_TIERS, PHASES, TIERS, LayerGroup, OffloadPlan, placement_of
 from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
@@ -65,7 +65,8 @@ class UnitTime:
     device: str  # 'cpu', 'gpu' or 'split'
     compute_seconds: float  # on the chain (a split: the slower part plus the sync, Eq. 15)
     transfer_seconds: float  # the activations it receives and the K, V it writes (Eqs. 2, 3, 17)
-    stream_seconds: float  # its streamed bytes at the link rate, overlapped with compute (Eqs. 5, 7)
+    stream_seconds: float  # its streamed bytes at the link rate, and a prefill's K, V writes to a host cache:
+    # overlapped with compute (Eqs. 5, 7, 20)
 
 
 @dataclass(frozen=True)
@@ -291,8 +292,26 @@ def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_b
 # One layer
 
 
+def _overlapped_kv_write(phase: str, kv_tier: str | None) -> bool:
+    """Eq. 20: a prefill writes its K, V into a host cache on a stream of its own, beside the compute of the
+    micro-batches and layers that follow; a decode step's small write stays on the chain (Eq. 3)."""
+    return phase == "prefill" and kv_tier in HOST_TIERS
+
+
+def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
+    """[P, steps] → [P]: a prefill pass sums its micro-batches (each step as often as micro-batches share it); a
+    decode phase's figure is its mean step."""
+    if phase == "prefill":
+        return (values * np.asarray(pc.step_repeats, dtype=np.float64)[None, :]).sum(axis=1)
+    return values.mean(axis=1)
+
+
 def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille) -> LayerTime:
-    """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement (Eqs. 4-9, 18).
+    """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement (Eqs. 4-9, 18, 20).
+
+    A decode step is one pass of Eq. 7. A prefill is one pass over its micro-batches (Eq. 20): their chains, CPU
+    reads and K, V writes add up, the weights are staged once, and the K, V writes to a host cache run beside the
+    compute.
 
     Args:
         costs: the cost graph (link rates of Eqs. 5-6, the split grid and sync).
@@ -313,8 +332,10 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     cpu_ddr = np.zeros((num, steps))
     cpu_seconds = np.zeros((num, steps))
     beside = np.zeros((num, steps))
+    store = np.zeros((num, steps))
     valid = np.ones(num, dtype=bool)
     kv_tier = _kv_tier(cls, tiers)
+    kv_beside = _overlapped_kv_write(phase, kv_tier)
     for index, unit in enumerate(pc.units):
         values, inverse = np.unique(permille[:, index], return_inverse=True)
         options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0)
@@ -330,32 +351,43 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         elif tiers[index] == "cxl":
             stream_cxl += options["stream"][inverse]
         if kv_tier is not None:
-            chain += _kv_write_seconds(costs, unit, kv_tier, shares[:, index])  # Eq. 3
+            written = _kv_write_seconds(costs, unit, kv_tier, shares[:, index])  # Eq. 3
+            if kv_beside:
+                store += written
+            else:
+                chain += written
     if pc.steps == 0:
         return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
     for edge in pc.edges:
         for seconds in _edge_seconds(costs, edge, shares):  # Eqs. 2, 17
             chain += seconds
+    if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
+        chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(v, pc, phase)[:, None]
+                                                      for v in (chain, cpu_seconds, beside, cpu_ddr, store))
+        stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
     t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
     t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
     t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
                                       costs.ddr_shared_gb_per_s)  # Eq. 18
-    step_seconds = np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared))  # Eq. 7
+    step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
     staging = (stream_ddr + stream_cxl).max(axis=1)  # Eq. 9
     return LayerTime(step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1))  # Eq. 8
 
 
 def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
                cpu_permille: tuple[int, ...]) -> tuple[UnitTime, ...]:
-    """Per unit of one placement, its compute, transfer and stream seconds (means over the phase's steps).
+    """Per unit of one placement, its compute, transfer and stream seconds (decode: means over the steps; prefill:
+    the pass, all its micro-batches).
 
     Transfers are charged to the unit that receives the activation (and KV writes to the unit that writes them);
-    stream seconds are the unit's streamed bytes at the link rate (overlapped with compute, Eq. 7).
+    stream seconds are the unit's streamed bytes at the link rate, and in prefill its K, V writes to a host cache
+    (both overlapped with compute, Eqs. 7, 20).
     """
     pc = cls.phase(phase)
     permille = np.asarray(cpu_permille, dtype=np.int64)
     shares = gpu_shares(permille)[None, :]
     kv_tier = _kv_tier(cls, tiers)
+    kv_beside = _overlapped_kv_write(phase, kv_tier)
     out = []
     for index, unit in enumerate(pc.units):
         value = int(permille[index])
@@ -365,16 +397,23 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
             continue
         options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
         transfer = np.zeros((1, pc.steps))
+        stored = np.zeros((1, pc.steps))
         if kv_tier is not None:
-            transfer += _kv_write_seconds(costs, unit, kv_tier, shares[:, index])
+            written = _kv_write_seconds(costs, unit, kv_tier, shares[:, index])
+            if kv_beside:
+                stored += written
+            else:
+                transfer += written
         for edge in pc.edges:
             if edge.dst == index:
                 for seconds in _edge_seconds(costs, edge, shares):
                     transfer += seconds
-        stream = 0.0
+        stream = float(_per_pass(stored, pc, phase)[0])
         if value < 1000 and tiers[index] in HOST_TIERS:
-            stream = float(np.mean(options["stream"])) / _stream_rate(costs, tiers[index])
-        out.append(UnitTime(unit.name, device, float(np.mean(options["compute"])), float(np.mean(transfer)), stream))
+            staged = float(np.max(options["stream"])) if phase == "prefill" else float(np.mean(options["stream"]))
+            stream += staged / _stream_rate(costs, tiers[index])
+        out.append(UnitTime(unit.name, device, float(_per_pass(options["compute"], pc, phase)[0]),
+                            float(_per_pass(transfer, pc, phase)[0]), stream))
     return tuple(out)
 
 
@@ -416,12 +455,15 @@ def plan_profile(plan: OffloadPlan, hw: HardwareProfile | str | None = None) -> 
     return profile
 
 
-def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None) -> CostGraph:
+def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph=None,
+               microbatch: Microbatch | None = None) -> CostGraph:
     """The CostGraph a plan was compiled from, rebuilt from its spec (profile by name unless `hw` is given),
-    pricing splits at the compiler's grid and at every share the plan uses.
+    pricing splits at the compiler's grid and at every share the plan uses, and the prefill at the plan's
+    micro-batch.
 
     Args:
         graph: the model's traced SublayerGraph, when the caller has it (skips tracing).
+        microbatch: price the prefill at this micro-batch instead of the plan's.
 
     Raises:
         LiacError: the profile named by the plan has changed since (its sha256 differs) and no `hw` was given.
@@ -435,7 +477,9 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
     depth = max(spec.execution.prefetch_depth, 1)
     budgets = TierBudgets(spec.budgets.gpu_bytes, spec.budgets.cpu_bytes, spec.budgets.cxl_bytes, depth)
     work = Workload(spec.workload.batch_size, spec.workload.prompt_len, spec.workload.gen_len)
-    return annotate_costs(graph, profile, work, budgets, split_permille=split_grid(plan))
+    if microbatch is None:
+        microbatch = Microbatch(spec.execution.prefill_microbatch_sequences, spec.execution.prefill_microbatch_tokens)
+    return annotate_costs(graph, profile, work, budgets, split_permille=split_grid(plan), microbatches=(microbatch,))
 
 
 def split_grid(plan: OffloadPlan) -> tuple[int, ...]:
@@ -479,13 +523,15 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
                 for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
                     moved = planned.copy()
                     moved[index] = share
-                    transfer[share] = _unit_transfer_seconds(costs, pc, index, moved[None, :], kv_tier)
-                stream = _mean(whole["stream"][1]) / _stream_rate(costs, tier) if tier in HOST_TIERS else 0.0
+                    transfer[share] = _unit_transfer_seconds(costs, pc, phase, index, moved[None, :], kv_tier)
+                staged = _mean(whole["stream"][1]) if phase == "decode" else float(np.max(whole["stream"][1], initial=0))
+                stream = staged / _stream_rate(costs, tier) if tier in HOST_TIERS else 0.0
                 sub = group.sublayers[index]
                 permille = sub.cpu_permille(phase)
+                compute = _per_pass(whole["compute"], pc, phase) if pc.steps else np.zeros(2)
                 out.append(UnitPrice(group=group.name, unit=unit.name, phase=phase, device=getattr(sub, phase),
-                                     cpu_seconds=_mean(whole["compute"][0]) if whole["ok"][0] else None,
-                                     gpu_seconds=_mean(whole["compute"][1]), transfer_seconds_on_cpu=transfer[0.0],
+                                     cpu_seconds=float(compute[0]) if whole["ok"][0] else None,
+                                     gpu_seconds=float(compute[1]), transfer_seconds_on_cpu=transfer[0.0],
                                      transfer_seconds_on_gpu=transfer[1.0], stream_seconds_on_gpu=stream,
                                      cpu_permille=permille,
                                      split_seconds=(priced.units[phase][index].compute_seconds
@@ -493,20 +539,20 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
     return out
 
 
-def _unit_transfer_seconds(costs: CostGraph, pc: PhaseCosts, index: int, shares: np.ndarray,
+def _unit_transfer_seconds(costs: CostGraph, pc: PhaseCosts, phase: str, index: int, shares: np.ndarray,
                            kv_tier: str | None) -> float:
-    """Mean PCIe seconds per step of the activations into and out of unit `index` and its KV writes, with every
-    unit at its GPU share in `shares` [1, U] (Eqs. 2, 3, 17)."""
+    """PCIe seconds on the chain of the activations into and out of unit `index` and its KV writes (a decode
+    step's mean; a prefill's pass), with every unit at its GPU share in `shares` [1, U] (Eqs. 2, 3, 17, 20)."""
     if pc.steps == 0:
         return 0.0
     total = np.zeros((1, pc.steps))
-    if kv_tier is not None:
+    if kv_tier is not None and not _overlapped_kv_write(phase, kv_tier):
         total += _kv_write_seconds(costs, pc.units[index], kv_tier, shares[:, index])
     for edge in pc.edges:
         if index in (edge.src, edge.dst):
             for seconds in _edge_seconds(costs, edge, shares):
                 total += seconds
-    return float(total.mean())
+    return float(_per_pass(total, pc, phase)[0])
 
 
 def ddr_sharing(profile: HardwareProfile) -> DdrSharing:

@@ -104,10 +104,15 @@ class Backend:
         self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
         return tensor.to(self.devices[dst])
 
-    def copy_into(self, dst: torch.Tensor, src: torch.Tensor, to_gpu: bool, value: str = "") -> None:
-        """`dst.copy_(src)` across devices, counted; asynchronous where the memory allows it."""
+    def copy_into(self, dst: torch.Tensor, src: torch.Tensor, to_gpu: bool, value: str = "",
+                  beside: bool = False) -> None:
+        """`dst.copy_(src)` across devices, counted; asynchronous where the memory allows it. `beside`: a GPU → host
+        copy may run on the store stream, beside the compute that follows (then `join_stores` before reading)."""
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
         dst.copy_(src)
+
+    def join_stores(self) -> None:
+        """Order the compute stream after every copy issued `beside` so far (no-op without streams)."""
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Host → GPU `dst.copy_(src)` for [R, L, E] views whose rows are each contiguous but strided apart (the
@@ -185,6 +190,8 @@ class CudaBackend(Backend):
     def __init__(self, index: int = 0):
         super().__init__(torch.device("cuda", index))
         self._copy_stream = torch.cuda.Stream(device=self.devices["gpu"])
+        self._store_stream = torch.cuda.Stream(device=self.devices["gpu"])  # GPU → host K, V writes of a prefill
+        self._stores_pending = False
 
     def copy_stream(self):
         return self._copy_stream
@@ -216,14 +223,32 @@ class CudaBackend(Backend):
         torch.cuda.current_stream(self.devices["gpu"]).synchronize()
         return out
 
-    def copy_into(self, dst, src, to_gpu, value=""):
+    def copy_into(self, dst, src, to_gpu, value="", beside=False):
+        if beside and not to_gpu and dst.is_pinned():
+            # On the store stream, after what the compute stream has queued (the K, V being written); `src` is kept
+            # alive for that stream, and `join_stores` puts the compute stream behind it before anyone reads `dst`.
+            store = self._store_stream
+            store.wait_stream(torch.cuda.current_stream(self.devices["gpu"]))
+            with torch.cuda.stream(store):
+                self._copy_into(dst, src, to_gpu, value, store)
+            self._stores_pending = True
+            return
+        self._copy_into(dst, src, to_gpu, value, None)
+
+    def join_stores(self):
+        if self._stores_pending:
+            torch.cuda.current_stream(self.devices["gpu"]).wait_stream(self._store_stream)
+            self._stores_pending = False
+
+    def _copy_into(self, dst, src, to_gpu, value, stream):
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
         if to_gpu and src.device.type == "cpu":
             # A KV write from the CPU into an HBM cache: from page-locked memory, queued on the compute stream.
             dst.copy_(_pinned(src), non_blocking=True)
             return
-        # GPU → pinned host: asynchronous on the compute stream. A CPU reader of `dst` always first receives an
-        # activation from the GPU through a blocking `transfer`, which waits for this copy (same stream).
+        # GPU → pinned host: asynchronous on the current stream (the compute stream, or with `stream` the store
+        # stream, which `join_stores` joins). A CPU reader of `dst` always first receives an activation from the GPU
+        # through a blocking `transfer`, which waits for this copy (same stream, or joined).
         if not to_gpu and not dst.is_contiguous() and dst.is_pinned():
             # A KV write into a host cache: [B, G, Q, E] of [B, G, C, E], B·G runs of Q·E elements each. torch's
             # copy_ would stage it in pageable memory (synchronous) and scatter it with one host thread: ~90 ms a
@@ -232,10 +257,14 @@ class CudaBackend(Backend):
             layout = _row_layout(dst)
             if layout is not None:
                 src = src.contiguous()
+                if stream is not None:
+                    src.record_stream(stream)  # the allocator must not reuse it before the copy has run there
                 itemsize = src.element_size()
                 if _memcpy_2d(dst.data_ptr(), layout.pitch * itemsize, src.data_ptr(), layout.length * itemsize,
                               layout.length * itemsize, layout.rows, _DEVICE_TO_HOST):
                     return
+        if stream is not None and src.is_cuda:
+            src.record_stream(stream)
         dst.copy_(src, non_blocking=dst.is_pinned() or src.is_pinned())
 
     def copy_rows(self, dst, src):

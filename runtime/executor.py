@@ -39,7 +39,8 @@ from liac.runtime.kvcache import KVCache
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
-__all__ = ["Frame", "Executor", "STEPS", "SPLIT_KINDS", "greedy", "SCORE_BLOCK_BYTES"]
+__all__ = ["Frame", "Segment", "PromptKV", "Executor", "STEPS", "SPLIT_KINDS", "greedy", "SCORE_BLOCK_BYTES",
+           "microbatch_parts"]
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -48,18 +49,73 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Frame:
-    """The state of one forward pass: batch, first position (cache slot), query length, activations per device,
-    positions and (for left-padded sequences) attention masks per device, how the next token is chosen, outputs."""
+    """The state of one forward pass (or of one prefill micro-batch of it): batch, first position (cache slot), query
+    length, activations per device, positions and (for left-padded sequences) attention masks per device, how the
+    next token is chosen, outputs.
 
-    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits")
+    A micro-batch (`part`) covers sequences row .. row + batch - 1 and prompt slots start .. start + length - 1 of
+    a prefill whose prompts are `prompt` slots long; `beside`: its K, V writes to a host cache may run beside the
+    compute that follows (a prefill's)."""
 
-    def __init__(self, batch: int, start: int, length: int, pick=greedy):
+    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside",
+                 "keeps_staging")
+
+    def __init__(self, batch: int, start: int, length: int, pick=greedy, row: int = 0, prompt: int | None = None,
+                 beside: bool = False):
         self.batch, self.start, self.length = batch, start, length
+        self.row, self.prompt, self.beside = row, length if prompt is None else prompt, beside
+        self.keeps_staging = False  # a micro-batch before its layer's last: a split op does not release the buffer
         self.vals: dict[str, dict[str, torch.Tensor]] = {}
         self.pos: dict[str, torch.Tensor] = {}
         self.mask: dict[str, torch.Tensor | None] = {}  # device → [B, 1, Q, C] bool, None: plain causal
         self.pick = pick  # logits [B, vocab] → token ids [B, 1] on the same device
         self.logits: torch.Tensor | None = None
+
+    @property
+    def chunked(self) -> bool:
+        """A chunk of the prompt: its attention also reads the K, V of the chunks before it."""
+        return self.length < self.prompt
+
+    def part(self, rows: tuple[int, int], tokens: tuple[int, int]) -> "Frame":
+        """The micro-batch of sequences rows[0] .. rows[1] - 1 and prompt slots tokens[0] .. tokens[1] - 1: views
+        of this frame's residual stream, positions and masks (its queries against the slots up to its end)."""
+        (r0, r1), (t0, t1) = rows, tokens
+        sub = Frame(r1 - r0, self.start + t0, t1 - t0, self.pick, r0, self.prompt, self.beside)
+        sub.vals["x"] = {dev: x[r0:r1, t0:t1] for dev, x in self.vals["x"].items()}  # [b, c, D]
+        sub.pos = {dev: pos[r0:r1, t0:t1] for dev, pos in self.pos.items()}
+        sub.mask = {dev: None if mask is None else mask[r0:r1, :, t0:t1, :t1]  # [b, 1, c, end]
+                    for dev, mask in self.mask.items()}
+        return sub
+
+
+class Segment(NamedTuple):
+    """The ops of one layer (the embedding, one decoder layer, the head) in a phase, in order, with their steps."""
+
+    layer_class: str
+    layer: int
+    program: list
+
+
+class PromptKV:
+    """Per device, the K and V a prefill's chunked attention reads: the prompt so far of the current layer and row
+    block, [B, G, P, E], filled chunk by chunk (activations of the micro-batch: the workspace Eq. 14 counts them),
+    so that it never waits for the asynchronous writes into the KV cache."""
+
+    def __init__(self):
+        self.buffers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def extend(self, device: str, which: str, frame: Frame, new: torch.Tensor) -> torch.Tensor:
+        """Put this chunk's k or v [b, G, c, E] at its positions; return the prompt's so far [b, G, end, E]."""
+        b, groups, _, width = new.shape
+        buffer = self.buffers.get((device, which))
+        if buffer is None or buffer.shape[0] < b or buffer.shape[2] < frame.prompt:
+            buffer = self.buffers[(device, which)] = new.new_empty((b, groups, frame.prompt, width))
+        end = frame.start + frame.length
+        buffer[:b, :, frame.start:end].copy_(new)
+        return buffer[:b, :, :end]
+
+    def clear(self) -> None:
+        self.buffers.clear()
 
 
 def _projected(part: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -96,10 +152,12 @@ class Executor:
         positions = schedule.kv_shape[2] + 1
         self.arange = {d: torch.arange(positions, device=backend.devices[d]) for d in self.devices}
         self._part_seconds: list[_PartTiming] | None = None  # profiling: one record per split op
-        self.programs = {}
+        self.prompt_kv = PromptKV()
+        self.programs, self.segments = {}, {}
         for phase, sched in schedule.phases.items():
             streams = {s.index: s for s in sched.stream_units}
             self.programs[phase] = [(op, self._compile(op, streams.get(op.stream_unit))) for op in sched.ops]
+            self.segments[phase] = _segments(self.programs[phase])
         self.stream_units = {phase: sched.stream_units for phase, sched in schedule.phases.items()}
         embed = [op for op in schedule.phases["decode"].ops if op.kind == "embed"][0]
         self.decode_embed_device = "cpu" if embed.gather else embed.device  # where decode token ids go
@@ -211,15 +269,48 @@ class Executor:
         """One pass: `ids` [B, Q] (prefill: host tensor; decode: on the decode embed device) at cache slots
         `start` .. `start` + Q - 1. `pad` (from `padding`): per device, each sequence's leading pad slots [B]; its
         positions then start after them and its attention skips them. `pick` chooses the next token from the
-        logits (greedy by default; liac.runtime.sampling). With `timings`, synchronise after every op and add its
-        seconds under (group, sublayers, phase)."""
+        logits (greedy by default; liac.runtime.sampling). A prefill cut into micro-batches (the plan's
+        `spec.execution`) runs layer by layer, each decoder layer over every micro-batch in turn. With `timings`,
+        synchronise after every op and add its seconds under (group, sublayers, phase) (a layer's micro-batches
+        summed: one entry per layer and pass)."""
         frame = self._begin(phase, ids, start, pad, pick)
+        prefill = phase == "prefill"
+        parts = self._parts(phase, ids)
+        try:
+            if len(parts) > 1:
+                for segment in self.segments[phase]:
+                    if segment.layer_class != "decoder":
+                        self._run(segment.program, frame, phase, timings)
+                        continue
+                    layer_timings: dict | None = {} if timings is not None else None
+                    self._microbatched(segment.program, frame, parts, lambda program, sub, skip: self._run(
+                        program, sub, phase, timings, skip, layer_timings))
+                    for key, seconds in (layer_timings or {}).items():
+                        timings.setdefault(key, []).append(seconds)
+            elif timings is None:
+                for _, step in self.programs[phase]:
+                    step(frame)
+            else:
+                self._run(self.programs[phase], frame, phase, timings)
+        finally:
+            self.prompt_kv.clear()
+        if prefill:
+            self.backend.join_stores()  # the cache's writes land before anything reads it (the next pass)
+        return frame
+
+    def _run(self, program, frame: Frame, phase: str, timings: dict | None, skip: tuple[str, ...] = (),
+             into: dict | None = None) -> None:
+        """Run `program`'s steps on `frame`, but ops of a kind in `skip`. With `timings`, time each op (each call its
+        own entry, or added up per key in `into`)."""
         if timings is None:
-            for _, step in self.programs[phase]:
-                step(frame)
-            return frame
+            for op, step in program:
+                if op.kind not in skip:
+                    step(frame)
+            return
         sync = self.backend.synchronize
-        for op, step in self.programs[phase]:
+        for op, step in program:
+            if op.kind in skip:
+                continue
             sync()
             begin = time.perf_counter()
             if op.split is not None:
@@ -227,15 +318,38 @@ class Executor:
             step(frame)
             sync()
             key = (op.group, op.sublayers, phase, op.device) if op.sublayers else (op.group, (op.kind,), phase, "gpu")
-            timings.setdefault(key, []).append(time.perf_counter() - begin)
+            entries = [(key, time.perf_counter() - begin)]
             if op.split is not None:
                 (part,) = self._part_seconds
                 self._part_seconds = None
                 # CUDA: the GPU part's own time from events; emulated: it ran synchronously in the launch
                 gpu_seconds = part.start.elapsed_time(part.end) / 1e3 if self.backend.name == "cuda" else part.launched
-                timings.setdefault(key[:3] + ("split:cpu",), []).append(part.cpu_seconds)
-                timings.setdefault(key[:3] + ("split:gpu",), []).append(gpu_seconds)
-        return frame
+                entries += [(key[:3] + ("split:cpu",), part.cpu_seconds), (key[:3] + ("split:gpu",), gpu_seconds)]
+            for name, seconds in entries:
+                if into is None:
+                    timings.setdefault(name, []).append(seconds)
+                else:
+                    into[name] = into.get(name, 0.0) + seconds
+
+    @staticmethod
+    def _microbatched(program: list, frame: Frame, parts, run) -> None:
+        """One decoder layer's `program` over every micro-batch of the prefill (docs/runtime.md, "Prefill
+        micro-batches"), each through `run(program, sub_frame, kinds_to_skip)`: its staging buffer is waited for
+        before the first and released after the last; each micro-batch's new residual stream is written back into
+        the batch's (in place where it stays on its device: the slice it overwrites has been read)."""
+        carried = frame.vals["x"]
+        out: dict[str, torch.Tensor] = {}
+        last = len(parts) - 1
+        for index, (rows, tokens) in enumerate(parts):
+            sub = frame.part(rows, tokens)
+            sub.keeps_staging = index < last  # the layer's next micro-batch reads its staging buffer again
+            skip = ("release",) if index < last else ()
+            run(program, sub, skip + (("wait",) if index else ()))
+            for dev, x in sub.vals["x"].items():
+                if dev not in out:
+                    out[dev] = carried[dev] if dev in carried else x.new_empty(carried[next(iter(carried))].shape)
+                out[dev][rows[0]:rows[1], tokens[0]:tokens[1]].copy_(x)
+        frame.vals["x"] = out
 
     def padding(self, pad: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
         """Each sequence's leading pad slots [B] (host) on every device, for `forward`; None when none has any."""
@@ -272,22 +386,36 @@ class Executor:
             frame.mask[d] = None
         streamer = self.streamer
         streamer.begin_alone(self.stream_units[phase], batch, start)
-        for op, step in self.programs[phase]:
-            if firsts.get(op.group) != op.layer:
-                continue
-            if op.kind == "wait":
-                streamer.issue(op.stream_unit)
-                streamer.wait(op.stream_unit)
-            elif op.kind == "release":
-                streamer.release(op.stream_unit)
-            else:
-                step(frame)
+
+        def run(program, sub: Frame, skip: tuple[str, ...] = ()) -> None:
+            for op, step in program:
+                if firsts.get(op.group) != op.layer or op.kind in skip:
+                    continue
+                if op.kind == "wait":
+                    streamer.issue(op.stream_unit)
+                    streamer.wait(op.stream_unit)
+                elif op.kind == "release":
+                    streamer.release(op.stream_unit)
+                else:
+                    step(sub)
+
+        # A prefill runs its decoder layers over the plan's micro-batches, as `forward` does: the workspace the
+        # budget reserves is one micro-batch's (docs/cost-model.md Eq. 14).
+        parts = microbatch_parts(batch, length, self.schedule.prefill_microbatch) if phase == "prefill" else [None]
+        try:
+            for segment in self.segments[phase]:
+                if len(parts) > 1 and segment.layer_class == "decoder":
+                    self._microbatched(segment.program, frame, parts, run)
+                else:
+                    run(segment.program, frame)
+        finally:
+            self.prompt_kv.clear()
         return frame
 
     def _begin(self, phase: str, ids: torch.Tensor, start: int, pad: dict[str, torch.Tensor] | None,
                pick) -> Frame:
         batch, length = ids.shape
-        frame = Frame(batch, start, length, pick)
+        frame = Frame(batch, start, length, pick, beside=phase == "prefill")
         frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
         for d in self.devices:
             if pad is None:
@@ -299,31 +427,81 @@ class Executor:
         self.streamer.start(self.stream_units[phase], batch, start)
         return frame
 
+    def _parts(self, phase: str, ids: torch.Tensor) -> list:
+        """The micro-batches a pass runs its decoder layers over (`microbatch_parts`; one for decode)."""
+        if phase != "prefill":
+            return [None]
+        return microbatch_parts(ids.shape[0], ids.shape[1], self.schedule.prefill_microbatch)
+
     def first_nonfinite(self, phase: str, ids: torch.Tensor, start: int, *,
                         pad: dict[str, torch.Tensor] | None = None, pick=greedy) -> Op | None:
         """Re-run one pass op by op and return the first op that produced a non-finite value (None if none did).
 
         The diagnosis behind `Engine.generate`'s non-finite-logits error: it synchronises after every op, so it
         runs only after the cheap check at the logits has fired, never in the generation loop. Re-running a pass
-        rewrites the same KV-cache positions with the same values. (Pad slots never yield NaN: a pad query attends
-        at least to itself, liac.models.layers.padded_causal_mask.)"""
+        rewrites the same KV-cache positions with the same values; a prefill runs over the plan's micro-batches,
+        as `forward` does. (Pad slots never yield NaN: a pad query attends at least to itself,
+        liac.models.layers.padded_causal_mask.)"""
         frame = self._begin(phase, ids, start, pad, pick)
-        for op, step in self.programs[phase]:
-            before = {value: dict(per_device) for value, per_device in frame.vals.items()}
-            step(frame)
-            for value, per_device in frame.vals.items():
-                for device, tensor in per_device.items():
-                    if before.get(value, {}).get(device) is tensor or not tensor.is_floating_point():
-                        continue
-                    if not bool(torch.isfinite(tensor).all()):
-                        return op
-            if op.kind == "lm_head" and frame.logits is not None and not bool(torch.isfinite(frame.logits).all()):
-                return op
-        return None
+        parts = self._parts(phase, ids)
+        found: list[Op] = []
+
+        def run(program, sub: Frame, skip: tuple[str, ...] = ()) -> None:
+            for op, step in program:
+                if found:
+                    return
+                if op.kind in skip:
+                    continue
+                before = {value: dict(per_device) for value, per_device in sub.vals.items()}
+                step(sub)
+                for value, per_device in sub.vals.items():
+                    for device, tensor in per_device.items():
+                        if before.get(value, {}).get(device) is tensor or not tensor.is_floating_point():
+                            continue
+                        if not bool(torch.isfinite(tensor).all()):
+                            found.append(op)
+                            return
+                if op.kind == "lm_head" and sub.logits is not None and not bool(torch.isfinite(sub.logits).all()):
+                    found.append(op)
+                    return
+
+        try:
+            for segment in self.segments[phase]:
+                if found:
+                    break
+                if len(parts) > 1 and segment.layer_class == "decoder":
+                    self._microbatched(segment.program, frame, parts, run)
+                else:
+                    run(segment.program, frame)
+        finally:
+            self.prompt_kv.clear()
+            if phase == "prefill":
+                self.backend.join_stores()
+        return found[0] if found else None
 
     def prime_decode(self, batch: int, start: int) -> None:
         """Start copying the next decode pass's first streaming units now (overlaps the tail of this pass)."""
         self.streamer.prime(self.stream_units["decode"], batch, start)
+
+
+def microbatch_parts(batch: int, length: int, microbatch: tuple[int, int]) -> list:
+    """((first, end) sequences, (first, end) prompt tokens) of each prefill micro-batch, in execution order: row
+    blocks of `microbatch[0]` sequences, each over prompt chunks of `microbatch[1]` tokens in order (a chunk attends
+    to the ones before it). A request smaller than the plan's workload is cut the same way."""
+    rows = min(microbatch[0], batch) if microbatch[0] else batch
+    tokens = min(microbatch[1], length) if microbatch[1] else length
+    return [((r, min(r + rows, batch)), (t, min(t + tokens, length)))
+            for r in range(0, batch, rows) for t in range(0, length, tokens)]
+
+
+def _segments(program: list) -> list[Segment]:
+    """A phase's program cut into its layers' ops (the wait and release ops belong to their layer)."""
+    out: list[Segment] = []
+    for op, step in program:
+        if not out or (out[-1].layer_class, out[-1].layer) != (op.layer_class, op.layer):
+            out.append(Segment(op.layer_class, op.layer, []))
+        out[-1].program.append((op, step))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,8 +539,10 @@ def _kv_reader(ex: Executor, op: Op, stream_unit: StreamUnit | None, which: str)
     """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the cache in
     place, or the cache's window in the staging buffer with this step's K or V written into it."""
     dev, layer, kv = op.device, op.layer, ex.kv
-    if op.kv_read == "fresh":
-        return lambda frame: frame.vals[which][dev]
+    if op.kv_read == "fresh":  # a prefill: this step's K, V; a chunk of the prompt, with those of the chunks before
+        prompt_kv = ex.prompt_kv
+        return lambda frame: (prompt_kv.extend(dev, which, frame, frame.vals[which][dev]) if frame.chunked
+                              else frame.vals[which][dev])
     if op.kv_read == "cache":
         return lambda frame: kv.view(layer, which, frame.batch, frame.start + frame.length)
     window = ex.streamer.window(stream_unit, which)
@@ -406,7 +586,7 @@ def _qkv_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         _run_moves(transfer, vals, pre)
         q, k, v = module(vals["x"][dev], frame.pos[dev])  # [B, H, Q, E], [B, G, Q, E] ×2
         vals["q"], vals["k"], vals["v"] = {dev: q}, {dev: k}, {dev: v}
-        kv.write(layer, k, v, frame.start, crosses)
+        kv.write(layer, k, v, frame.start, crosses, frame.row, frame.beside)
     return step
 
 
@@ -608,7 +788,7 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             end.record()
             launched = time.perf_counter() - began
             began = time.perf_counter()
-        if releases >= 0:  # the GPU part was the buffer's last reader: the next copy may be queued now
+        if releases >= 0 and not frame.keeps_staging:  # the buffer's last reader: the next copy may be queued now
             streamer.release(releases)
         y_cpu = kind.part(cpu_part, x_cpu)
         if timed is not None:
@@ -620,5 +800,5 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             kind.join(posts[device], merged, frame, device, out)
         vals.update(out)
         if op.kind == "qkv":
-            kv.write(layer, out["k"][writer], out["v"][writer], frame.start, crosses)
+            kv.write(layer, out["k"][writer], out["v"][writer], frame.start, crosses, frame.row, frame.beside)
     return step

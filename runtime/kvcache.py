@@ -29,15 +29,19 @@ class KVCache:
             cache.zero_()
         self.home = [HOME[tier] for tier in kv_tiers]
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int, crosses: bool) -> None:
-        """Store this step's k, v [B, G, Q, E] at positions start .. start + Q - 1."""
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int, crosses: bool, row: int = 0,
+              beside: bool = False) -> None:
+        """Store this step's k, v [B, G, Q, E] at positions start .. start + Q - 1 of sequences row .. row + B - 1.
+
+        `beside`: a GPU → host write may run on the backend's store stream, beside the compute that follows (a
+        prefill's, Eq. 20 of docs/cost-model.md); `Backend.join_stores` orders the compute stream after it."""
         B, _, Q, _ = k.shape
-        dst_k = self.k[layer][:B, :, start:start + Q]
-        dst_v = self.v[layer][:B, :, start:start + Q]
+        dst_k = self.k[layer][row:row + B, :, start:start + Q]
+        dst_v = self.v[layer][row:row + B, :, start:start + Q]
         if crosses:
             to_gpu = self.home[layer] == "gpu"
-            self.backend.copy_into(dst_k, k, to_gpu, "kv")
-            self.backend.copy_into(dst_v, v, to_gpu, "kv")
+            self.backend.copy_into(dst_k, k, to_gpu, "kv", beside=beside)
+            self.backend.copy_into(dst_v, v, to_gpu, "kv", beside=beside)
         else:
             dst_k.copy_(k)
             dst_v.copy_(v)

@@ -23,6 +23,7 @@ import torch
 
 from liac.fileio import write_atomic
 from liac.plan import OffloadPlan
+from liac.runtime.executor import microbatch_parts
 from liac.runtime.kernels import cpu_backend
 from liac.schema_tools import stable_float
 from liac.sizes import GIB
@@ -119,7 +120,9 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                     "cpu_small_m_gb_per_s": ({k: stable_float(v) for k, v in engine.cpu_linear[1].items()}
                                              if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
-                "decode_steps": steps, "generated_tokens": sum(generation.lengths)},
+                "decode_steps": steps, "generated_tokens": sum(generation.lengths),
+                "prefill_microbatches": len(microbatch_parts(batch, generation.prompt_len,
+                                                             engine.schedule.prefill_microbatch))},
         "load_seconds": stable_float(engine.build_seconds),
         "warmup_seconds": stable_float(engine.warmup_seconds),
         "warmup": ({"batch_size": engine.warmup_request[0], "prompt_len": engine.warmup_request[1]}

@@ -16,6 +16,8 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
               GPU part from staging (only its rows [r, N) are streamed); a backward pass over the phase finds
               where later ops read its output, and the parts are joined there (and only there)
   * bytes     per tier, for the host checks and the arenas (runtime/memory.py), before anything is allocated
+  * micro-batches  the prefill's (plan v3): it runs layer by layer over micro-batches of `prefill_microbatch`
+              sequences × prompt tokens (the executor cuts the batch; the ops are the same for every micro-batch)
 
 Values: 'ids' tokens, 'x' residual stream, 'q' 'k' 'v' from qkv, 'p' attention probabilities, 'o' attention
 output, 'h' FFN hidden, 'next' the greedy token for the following step.
@@ -171,6 +173,7 @@ class Schedule:
     buffers: int                              # staging buffers (0 when nothing is streamed)
     buffer_bytes: int
     tier_bytes: dict[str, int] = field(default_factory=dict)  # arena sizes: weights + KV (+ staging in 'hbm')
+    prefill_microbatch: tuple[int, int] = (0, 0)  # (sequences, prompt tokens) per prefill micro-batch
 
     @property
     def uses_gpu(self) -> bool:
@@ -530,5 +533,6 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
             kv_tiers.extend([group.kv_cache] * group.layer_count)
             tier_bytes[group.kv_cache] += 2 * aligned(kv_window_bytes) * group.layer_count
     tier_bytes["hbm"] += buffers * buffer_bytes
+    microbatch = (spec.execution.prefill_microbatch_sequences, spec.execution.prefill_microbatch_tokens)
     return Schedule(phases, params, {k: tuple(v) for k, v in weight_tiers.items()}, tuple(kv_tiers), kv_shape,
-                    itemsize, buffers, buffer_bytes, tier_bytes)
+                    itemsize, buffers, buffer_bytes, tier_bytes, microbatch)

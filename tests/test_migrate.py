@@ -3,14 +3,15 @@
 Round trips (the Kubernetes rule: convert to another version and back without loss):
   dataclass → YAML → dataclass is the identity for any valid plan (floats already at 6 significant digits, as
   every writer produces them through liac.schema_tools.stable_float);
-  v2 → v1 (`_downgrade_to_v1`) → v2 and v2 → v1 → v1alpha1 (`_downgrade_to_v1alpha1`) → v2 are the identity for
-  every plan the older versions can express (no split sublayers); the downgrades are written independently of
-  the migrations.
+  v3 → v2 (`_downgrade_to_v2`) → v3, v3 → v2 → v1 (`_downgrade_to_v1`) → v3 and on to v1alpha1
+  (`_downgrade_to_v1alpha1`) are the identity for every plan the older versions can express (v2: a prefill of the
+  whole batch at once; v1: no split sublayers); the downgrades are written independently of the migrations.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from artifact_plans import TINY_LLAMA, TINY_OPT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liac.migrate import MIGRATIONS, MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1
+from liac.migrate import MIGRATIONS, MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1, migrate_v2_to_v3
 from liac.cli import main
 from liac.errors import LiacError
 from liac.models import SUBLAYERS
@@ -33,9 +34,20 @@ from liac.schema_tools import stable_float, to_data
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _downgrade_to_v1(doc: dict) -> dict:
-    """v2 → v1 for a plan without splits: the permille fields go (v1 meant 1000 on the CPU, 0 on the GPU)."""
+def _downgrade_to_v2(doc: dict) -> dict:
+    """v3 → v2 for a plan whose prefill is one batch: the micro-batch fields go (v2 prefilled the whole batch)."""
     old = copy.deepcopy(doc)
+    old["apiVersion"] = "liac/v2"
+    execution, work = old["spec"]["execution"], old["spec"]["workload"]
+    assert (execution.pop("prefill_microbatch_sequences"), execution.pop("prefill_microbatch_tokens")) == (
+        work["batch_size"], work["prompt_len"])
+    return old
+
+
+def _downgrade_to_v1(doc: dict) -> dict:
+    """v3 → v1 (through v2) for a plan without splits: the permille fields go (v1 meant 1000 on the CPU, 0 on the
+    GPU)."""
+    old = _downgrade_to_v2(doc) if doc["apiVersion"] == "liac/v3" else copy.deepcopy(doc)
     old["apiVersion"] = "liac/v1"
     for group in old["spec"]["layer_groups"]:
         for sub in group["sublayers"]:
@@ -62,10 +74,34 @@ def test_kept_v1alpha1_fixture_loads_as_the_kept_v1_plan():
     assert [s.name for s in old.spec.layer_groups[2].sublayers] == list(SUBLAYERS["opt"])  # execution order back
 
 
+def test_kept_v2_fixture_loads_as_the_kept_v3_plan():
+    old, new = load_plan(FIXTURES / "v2-tiny-opt.yaml"), load_plan(FIXTURES / "v3-tiny-opt.yaml")
+    assert old == new and old.apiVersion == API_VERSION == "liac/v3"
+    execution, work = new.spec.execution, new.spec.workload
+    assert (execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens) == (work.batch_size,
+                                                                                           work.prompt_len)
+    # a v3 plan whose prefill runs in micro-batches (compiled: OPT-30B on spr-a100, batch 64, prompt 2016)
+    cut = load_plan(FIXTURES / "v3-opt-30b-spr-a100-microbatch.yaml")
+    assert cut.spec.execution.prefill_microbatch_sequences < cut.spec.workload.batch_size
+
+
+def test_v2_migration_is_pure_and_refuses_a_workload_without_sizes():
+    doc = yaml.safe_load((FIXTURES / "v2-tiny-opt.yaml").read_text())
+    before = copy.deepcopy(doc)
+    out = migrate_v2_to_v3(doc)
+    assert doc == before and out["apiVersion"] == "liac/v3"
+    assert _downgrade_to_v2(out) == doc
+    doc["spec"]["workload"]["prompt_len"] = "long"
+    with pytest.raises(MigrationError) as raised:
+        migrate_v2_to_v3(doc)
+    assert (raised.value.path, raised.value.message) == ("spec.workload.prompt_len",
+                                                         "must be a positive integer, got 'long'")
+
+
 def test_kept_v1_fixtures_load_as_the_kept_v2_plans():
     for name in ("tiny-opt", "opt-30b-spr-a100"):
         old, new = load_plan(FIXTURES / f"v1-{name}.yaml"), load_plan(FIXTURES / f"v2-{name}.yaml")
-        assert old == new and old.apiVersion == API_VERSION == "liac/v2"
+        assert old == new and old.apiVersion == API_VERSION
         for sub in (s for g in new.spec.layer_groups for s in g.sublayers):
             assert sub.prefill_cpu_permille == (1000 if sub.prefill == "cpu" else 0)
             assert sub.decode_cpu_permille == (1000 if sub.decode == "cpu" else 0)
@@ -80,7 +116,7 @@ def test_v1_migration_is_pure_and_refuses_what_v1_could_not_say():
     before = copy.deepcopy(doc)
     out = migrate_v1_to_v2(doc)
     assert doc == before and out["apiVersion"] == "liac/v2"
-    assert _downgrade_to_v1(out) == doc
+    assert _downgrade_to_v1(migrate_v2_to_v3(out)) == doc
     doc["spec"]["layer_groups"][1]["sublayers"][4]["decode"] = "split"
     with pytest.raises(MigrationError) as raised:
         migrate_v1_to_v2(doc)
@@ -90,7 +126,7 @@ def test_v1_migration_is_pure_and_refuses_what_v1_could_not_say():
 
 def test_every_kept_fixture_validates(capsys):
     files = sorted(FIXTURES.glob("*.yaml"))
-    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1", "v2"}
+    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1", "v2", "v3"}
     assert main(["validate", *map(str, files)]) == 0
     assert capsys.readouterr().out.count(": OK (valid plan)") == len(files)
 
@@ -181,7 +217,12 @@ def valid_plans(draw, splits=True):
                              draw(st.sampled_from(("latency", "throughput")))),
                     Budgets(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
                     TierBytes(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
-                    Execution(draw(st.integers(0, 4)), draw(_BYTES)), tuple(groups))
+                    Execution(draw(st.integers(0, 4)), draw(_BYTES), 1, 1), tuple(groups))
+    whole = draw(st.booleans())
+    spec = dataclasses.replace(spec, execution=dataclasses.replace(
+        spec.execution, prefill_microbatch_sequences=spec.workload.batch_size if whole else draw(
+            st.integers(1, spec.workload.batch_size)),
+        prefill_microbatch_tokens=spec.workload.prompt_len if whole else draw(st.integers(1, spec.workload.prompt_len))))
     times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), draw(_SECONDS), draw(_SECONDS),
                                draw(_SECONDS))
                   for g in groups for s in g.sublayers for phase in ("prefill", "decode")
@@ -207,11 +248,27 @@ def test_random_plans_round_trip_through_yaml(plan):
 
 
 @_SETTINGS
+@given(valid_plans())
+def test_random_plans_round_trip_through_v2(plan):
+    doc = to_data(plan)
+    execution, work = plan.spec.execution, plan.spec.workload
+    if (execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens) != (work.batch_size,
+                                                                                       work.prompt_len):
+        return  # v2 cannot say it
+    assert migrate_v2_to_v3(_downgrade_to_v2(doc)) == doc
+    assert parse_plan(_downgrade_to_v2(doc), "fuzz") == plan
+
+
+@_SETTINGS
 @given(valid_plans(splits=False))
 def test_random_plans_round_trip_through_v1_and_v1alpha1(plan):
     doc = to_data(plan)
+    execution, work = plan.spec.execution, plan.spec.workload
+    if (execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens) != (work.batch_size,
+                                                                                       work.prompt_len):
+        return  # v1 cannot say it
     v1 = _downgrade_to_v1(doc)
-    assert migrate_v1_to_v2(v1) == doc
+    assert migrate_v2_to_v3(migrate_v1_to_v2(v1)) == doc
     assert parse_plan(v1, "fuzz") == plan
     assert migrate_v1alpha1_to_v1(_downgrade_to_v1alpha1(v1)) == v1
     assert parse_plan(_downgrade_to_v1alpha1(v1), "fuzz") == plan

@@ -12,7 +12,7 @@ from liac.errors import LiacError
 from liac.profile import OPTIONAL_FIELDS, load_profile, profile_names, resolve_profile
 from liac.sizes import GIB
 
-SHIPPED = ("gnr-h100", "h200-amx16", "spr-a100", "spr-h100", "spr-h100-cxl")
+SHIPPED = ("gnr-h100", "h200-amx16", "spr-a100", "spr-a100-cxl", "spr-h100", "spr-h100-cxl")
 
 
 def _shipped_text(name: str) -> str:
@@ -38,6 +38,22 @@ def test_h200_profile_carries_the_measured_numbers():
     spr = resolve_profile("spr-h100")  # on SPR the shared rate never binds
     assert spr.ddr_shared_gb_per_s >= spr.cpu_ddr_read_gb_per_s + spr.pcie_h2d_gb_per_s - 5
     assert resolve_profile("spr-h100-cxl").cxl_gib > 0 and spr.cxl_gib == 0
+
+
+def test_cxl_profiles_follow_lias_measurements():
+    """LIA Fig. 8a: two interleaved expanders stream to the GPU at 2 x 17 GB/s, not slower than DDR on its PCIe 4.0
+    CXL machine (spr-a100-cxl; on PCIe 5.0 they are the slower path); Fig. 8b: CPU compute reading CXL much slower
+    than from DDR. Apart from CXL, spr-a100-cxl is spr-a100."""
+    a100, cxl = resolve_profile("spr-a100"), resolve_profile("spr-a100-cxl")
+    assert min(cxl.cxl_gb_per_s, cxl.pcie_h2d_gb_per_s) == cxl.pcie_h2d_gb_per_s  # streaming from CXL: the PCIe rate
+    assert cxl.cxl_gb_per_s <= 0.2 * cxl.cpu_ddr_read_gb_per_s  # the CPU reads CXL > 80 % slower (Fig. 8b)
+    h100 = resolve_profile("spr-h100-cxl")
+    assert h100.cxl_gb_per_s == cxl.cxl_gb_per_s < h100.pcie_h2d_gb_per_s  # the same expanders on PCIe 5.0
+    for name in ("Fig. 8a", "Fig. 8b"):
+        assert name in cxl.sources["cxl_gb_per_s"] and name in h100.sources["cxl_gb_per_s"]
+    same = {f: v for f, v in a100.canonical().items() if not f.startswith("cxl") and f not in ("name", "description",
+                                                                                                  "sources", "estimates")}
+    assert same == {f: v for f, v in cxl.canonical().items() if f in same}
 
 
 def test_amx_curve_interpolates_in_log_m():

@@ -13,7 +13,8 @@ then:
 - per tier, its use against the budget and whether it binds: HBM binds when making one more decoder layer as
   HBM-heavy as the most resident group would not fit ("GPU memory full at 23.8 of 24.0 GiB: 20 layers resident").
 
-The per-unit prices are means over the phase's steps, per layer (decode: per token step).
+The per-unit prices are per layer: decode's per token step (means over the steps), prefill's for the whole pass
+(summed over its micro-batches, docs/cost-model.md Eq. 20).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import numpy as np
 
 from liac.artifacts.footprint import group_tier_bytes
 from liac.artifacts.validate import BUDGET_FIELD, staging_buffers
-from liac.passes.price import ddr_sharing, plan_profile, price_plan, unit_prices
+from liac.passes.costs import Microbatch
+from liac.passes.price import ddr_sharing, plan_costs, plan_profile, price_plan, unit_prices
 from liac.plan import PHASES
 from liac.sizes import format_gib
 
@@ -89,6 +91,10 @@ class Explanation:
     tiers: tuple[TierPressure, ...]
     groups: tuple[GroupInfo, ...]
     units: tuple[UnitExplanation, ...]
+    microbatch: str = ""  # the decoder's prefill micro-batch, '4 sequences x 2016 tokens'
+    microbatches: int = 1  # micro-batches per layer
+    workspace_bytes: int = 0  # the decoder's activation workspace at that micro-batch (Eq. 14)
+    whole_batch_workspace_bytes: int = 0  # ... and with the whole batch at once
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -194,7 +200,14 @@ def _split_reason(price, deltas: dict, sharing) -> str:
 def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
     profile = plan_profile(plan, hw)
-    price = price_plan(plan, hw=profile)
+    from liac.passes.trace import trace_model  # late import: tracing loads torch (price_plan would load it too)
+
+    graph = trace_model(plan.model_config)
+    price = price_plan(plan, hw=profile, graph=graph)
+    work = price.costs.workload
+    microbatch = price.costs.microbatch
+    whole = Microbatch(work.batch_size, work.prompt_len)
+    whole_costs = price.costs if microbatch == whole else plan_costs(plan, profile, graph, microbatch=whole)
     sharing = ddr_sharing(profile)
     prices = {(p.group, p.unit, p.phase): p for p in unit_prices(price)}
     spec = plan.spec
@@ -207,7 +220,8 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
         cls = price.costs.layer_class(group.layer_class)
         layer = {}
         for phase in PHASES:
-            steps = max(cls.phase(phase).steps, 1)
+            # a decode figure is per token step; a prefill's is the whole pass, all its micro-batches
+            steps = max(cls.phase(phase).steps, 1) if phase == "decode" else 1
             # CPU permille (1000 = CPU, 0 = GPU, in between a split); a whole unit flips to the other device, a
             # split one to each device wholly
             planned = np.array([s.cpu_permille(phase) for s in group.sublayers])
@@ -245,7 +259,11 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
         spec.workload.gen_len, spec.workload.objective,
         {"prefill_seconds": predicted.prefill_seconds, "decode_seconds_per_token": predicted.decode_seconds_per_token,
          "total_seconds": predicted.total_seconds, "tokens_per_second": predicted.tokens_per_second},
-        tuple(_tier_pressure(plan)), tuple(groups), tuple(units))
+        tuple(_tier_pressure(plan)), tuple(groups), tuple(units),
+        microbatch=f"{microbatch.sequences} sequence{'s' if microbatch.sequences > 1 else ''} x {microbatch.tokens} tokens",
+        microbatches=microbatch.count(work),
+        workspace_bytes=price.costs.layer_class("decoder").workspace_bytes,
+        whole_batch_workspace_bytes=whole_costs.layer_class("decoder").workspace_bytes)
 
 
 def render_text(ex: Explanation) -> str:
@@ -258,6 +276,10 @@ def render_text(ex: Explanation) -> str:
              "Memory per tier (binding constraints first):"]
     for tier in sorted(ex.tiers, key=lambda t: not t.binding):
         lines.append(f"  {'BINDING ' if tier.binding else ''}{tier.message}")
+    lines += ["", f"Prefill: {ex.microbatches} micro-batch{'es' if ex.microbatches > 1 else ''} per layer of "
+                  f"{ex.microbatch}; activation workspace {format_gib(ex.workspace_bytes)}"
+                  + (f" (the whole batch at once would need {format_gib(ex.whole_batch_workspace_bytes)})"
+                     if ex.microbatches > 1 else "")]
     header = (f"    {'unit':<13} {'device':<6} {'operand in':<10} {'CPU':>11} {'GPU':>11} {'PCIe if CPU':>11} "
               f"{'if GPU':>11} {'stream':>11}   why (stream: if on the GPU)")
     for group in ex.groups:
@@ -268,7 +290,10 @@ def render_text(ex: Explanation) -> str:
         lines += ["", f"group '{group.name}': {span} ({group.layer_count} layer"
                       f"{'s' if group.layer_count > 1 else ''}){kv}"]
         for phase in PHASES:
-            per = "per layer" if phase == "prefill" else "per layer per token step"
+            per = "per layer per token step"
+            if phase == "prefill":
+                per = "per layer" + (f", in {ex.microbatches} micro-batches of {ex.microbatch}"
+                                     if ex.microbatches > 1 and group.layer_class == "decoder" else "")
             lines += [f"  {phase}: {_ms(group.layer_seconds[phase])} {per}", header]
             for u in ex.units:
                 if u.group != group.name or u.phase != phase:

@@ -50,7 +50,7 @@ __all__ = ["MODELS", "PROFILES", "BATCHES", "PROMPT_LEN", "GEN_LEN", "SKIPPED", 
            "refresh_artifacts", "compile_sweep", "artifact_solver_options", "write_catalog", "decision_fingerprint"]
 
 MODELS = ("opt-30b", "opt-66b", "opt-175b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b")
-PROFILES = ("spr-h100", "spr-a100", "gnr-h100", "spr-h100-cxl", "h200-amx16")
+PROFILES = ("spr-h100", "spr-a100", "gnr-h100", "spr-h100-cxl", "spr-a100-cxl", "h200-amx16")
 BATCHES = (1, 16, 256)
 PROMPT_LEN = 128
 GEN_LEN = 32

@@ -22,7 +22,7 @@ from liac.profile import HOST_PROFILE
 from liac.progress import progress_bar
 from liac.schema_tools import to_data
 from liac.sizes import GIB
-from liac.sweep import INDEX_NAME, policy_string
+from liac.sweep import INDEX_NAME, microbatch_string, policy_string
 
 __all__ = ["register", "run", "summary_table"]
 
@@ -51,6 +51,9 @@ def register(sub) -> None:
     parser.add_argument("--policy", default=None, help="a restricted placement space instead of the optimum: "
                                                        "lia-cpu, lia-partial, lia-gpu, lia, whole (no split "
                                                        "sublayers), or PREFILL/DECODE (e.g. lia-gpu/lia-cpu)")
+    parser.add_argument("--no-resident-layers", dest="resident_layers", action="store_false",
+                        help="switch off LIA's Optimization-1: no decoder layer keeps all its weights in HBM (the "
+                             "paper's ablation, Table 4)")
     parser.add_argument("--solver", default="auto", choices=("auto", "cbc", "highs"),
                         help="ILP solver: auto (HiGHS when highspy is installed, else CBC), cbc, highs")
     parser.add_argument("--prefetch-depth", type=int, default=1, help="layers of streamed weights staged ahead "
@@ -83,7 +86,8 @@ def run(args) -> int:
 
                 result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len, gen_len=args.gen_len,
                                        objective=args.objective, policy=args.policy, solver=args.solver,
-                                       prefetch_depth=args.prefetch_depth, progress=solved, **sizes)
+                                       prefetch_depth=args.prefetch_depth, resident_layers=args.resident_layers,
+                                       progress=solved, **sizes)
             written = write_plans(result, args.output, target)
     except InfeasibleError as e:  # no point fits: nothing is written
         sys.stderr.write(f"liac compile: {e.line()}\n")
@@ -114,7 +118,7 @@ def _gib(num_bytes: int) -> str:
 def summary_table(result) -> str:
     """One row per point: batch, placements per phase, predicted seconds, tokens/s, GiB per tier."""
     header = ("batch", "prefill policy", "decode policy", "prefill s", "decode s/tok", "tokens/s", "HBM GiB",
-              "DDR GiB", "CXL GiB")
+              "DDR GiB", "CXL GiB", "prefill micro-batch")
     rows = []
     for point in result.points:
         plan = point.plan
@@ -123,9 +127,9 @@ def summary_table(result) -> str:
         rows.append((str(plan.spec.workload.batch_size), policy_string(plan, "prefill"),
                      policy_string(plan, "decode"), f"{predicted.prefill_seconds:.3g}",
                      f"{predicted.decode_seconds_per_token:.3g}", f"{predicted.tokens_per_second:.3g}",
-                     _gib(memory["hbm"]), _gib(memory["ddr"]), _gib(memory["cxl"])))
+                     _gib(memory["hbm"]), _gib(memory["ddr"]), _gib(memory["cxl"]), microbatch_string(plan)))
     for batch, reason in result.infeasible:
-        rows.append((str(batch), "infeasible: " + reason, "", "", "", "", "", "", ""))
+        rows.append((str(batch), "infeasible: " + reason, "", "", "", "", "", "", "", ""))
     widths = [max(len(h), *(len(r[i]) for r in rows if not r[1].startswith("infeasible"))) if rows else len(h)
               for i, h in enumerate(header)]
     lines = [f"{result.model} on {result.profile} ({result.objective}, policy {result.policy}); "

@@ -60,7 +60,7 @@ def make_plan(cfg: ModelConfig = TINY_OPT, *, batch: int = 1, prompt: int = 16, 
         budgets=Budgets(gpu_bytes, cpu_bytes, cxl_bytes),
         # Reserve half of each budget: far more than a tiny model needs, never more than allowed.
         memory=TierBytes(gpu_bytes // 2, cpu_bytes // 2, cxl_bytes // 2),
-        execution=Execution(prefetch_depth, 4096 if prefetch_depth else 0),
+        execution=Execution(prefetch_depth, 4096 if prefetch_depth else 0, batch, prompt),
         layer_groups=tuple(groups),
     )
     times = []

@@ -7,7 +7,8 @@ CXL) split at every share of the cost graph's grid. Then it combines the layers 
 next layer with every partial plan so far, keeping partial plans by (bytes per tier, largest stream, GPU use):
 of two with the same memory, the one no slower that streams no more and uses the GPU only if the other does is as
 good for every completion (the capacities bound those from above), so nothing that could be optimal is dropped.
-No staging levels, no LP, no knapsack, no solver, no tolerance.
+No staging levels, no LP, no knapsack, no solver, no tolerance. Each prefill micro-batch the cost graph offers is
+refereed apart, and the least wins.
 
     best = referee_optimum(costs)    # seconds, or None when nothing fits
 """
@@ -133,7 +134,15 @@ def _merge(states: np.ndarray) -> np.ndarray:
 
 
 def referee_optimum(costs: CostGraph) -> float | None:
-    """The least objective over every plan that fits the budgets (Eqs. 10-13), or None."""
+    """The least objective over every plan that fits the budgets (Eqs. 10-13) at every prefill micro-batch the cost
+    graph offers (Eq. 20: each priced apart, `CostGraph.with_prefill`), or None."""
+    values = [_optimum_at(costs.with_prefill(m)) for m in costs.microbatches]
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
+def _optimum_at(costs: CostGraph) -> float | None:
+    """The least objective at the cost graph's own prefill micro-batch, or None."""
     budgets = costs.budgets
     decoder = costs.layer_class("decoder")
     choices = layer_choices(costs, decoder)[:, :6]

@@ -10,7 +10,8 @@ import pytest
 from hand_graphs import TINY, hand_graph
 
 from liac.models.config import ModelConfig
-from liac.passes.costs import CostGraph, TierBudgets, Workload, annotate_costs, experts_touched
+from liac.passes.costs import (WORKSPACE_SHARE, CostGraph, Microbatch, TierBudgets, Workload, annotate_costs,
+                               experts_touched, gpu_workspace_bytes, microbatch_points)
 from liac.profile import resolve_profile
 
 HW = resolve_profile("spr-h100-cxl")
@@ -232,3 +233,68 @@ def test_workspace_is_the_activation_live_set_plus_the_gpu_footprint_by_hand():
     assert decoder.host_workspace_bytes == live
     assert decoder.workspace_bytes == int(300 * 2**20 + 40 * 2**20 + 1.5 * live)
     assert costs.gpu_context_bytes == 300 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prefill micro-batches (Eq. 20)
+
+
+def test_microbatch_points_count_every_micro_batch():
+    """5 sequences × 7 tokens in micro-batches of 2 sequences × 3 tokens: row blocks 2, 2, 1 × chunks ending at
+    3, 6, 7 (each attends to the chunks before it: C = its end)."""
+    points, counts = microbatch_points(Workload(5, 7, 4), Microbatch(2, 3))
+    assert dict(zip(points, counts)) == {(2, 3, 3): 2, (2, 3, 6): 2, (2, 1, 7): 2, (1, 3, 3): 1, (1, 3, 6): 1,
+                                         (1, 1, 7): 1}
+    assert sum(b * q * n for (b, q, _), n in zip(points, counts)) == 5 * 7  # every prompt token once
+    assert microbatch_points(Workload(5, 7, 4), Microbatch(5, 7)) == ([(5, 7, 7)], [1])
+    assert Microbatch(2, 3).count(Workload(5, 7, 4)) == 9
+
+
+def test_prefill_in_microbatches_by_hand():
+    """B=2, L=8 in micro-batches of 1 sequence × 4 tokens: the decoder's prefill steps are the micro-batch points,
+    each shared by both sequences; weights are staged once (the whole batch's); the workspace is one
+    micro-batch's largest node, the rest of the batch's residual stream and the prompt's K, V so far (Eq. 14)."""
+    B, L = 2, 8
+    whole = costs_for(batch=B, prompt=L)
+    costs = annotate_costs(hand_graph(TINY), HW, Workload(B, L, 4), BUDGETS, microbatches=(Microbatch(1, 4),))
+    assert costs.microbatch == Microbatch(1, 4) and costs.prefill_options == ()
+    pc = costs.layer_class("decoder").prefill
+    assert (pc.steps, pc.step_repeats) == (2, (2, 2))
+    fc1 = pc.units[costs.layer_class("decoder").units.index("fc1")]
+    b, q = 1, 4
+    x, h = b * q * D * 2, b * q * F * 2
+    norm_w, lin_w = 2 * D * 2, (F * D + F) * 2
+    gpu = roof_gpu(5 * b * q * D, norm_w + 2 * x) + roof_gpu(2 * b * q * D * F, lin_w + x + h) + roof_gpu(
+        b * q * F, 2 * h)
+    assert fc1.gpu_seconds == pytest.approx((gpu, gpu), rel=1e-12)
+    assert fc1.stream_bytes == (norm_w + lin_w,) * 2  # staged once for all micro-batches, priced per pass
+    # attention of the second chunk reads the K of all 8 tokens
+    score = pc.units[costs.layer_class("decoder").units.index("attn_score")]
+    assert score.gpu_seconds[1] == pytest.approx(roof_gpu(2 * q * L * D, (q * D + L * D) * 2 + q * H * L * 2)
+                                                 + roof_gpu(5 * H * q * L, 2 * q * H * L * 2), rel=1e-12)
+    # Eq. 14: while one micro-batch's fc1 runs, its residual x and the ReLU's input and output (F wide), the other
+    # 12 tokens' residual stream, the prompt's K and V (8 tokens) of the row block; the GPU workspace is the whole
+    # footprint around those activations
+    decoder = costs.layer_class("decoder")
+    assert decoder.host_workspace_bytes == q * (D + 2 * F) * 2 + (B * L - q) * D * 2 + 2 * L * D * 2
+    assert decoder.workspace_bytes == gpu_workspace_bytes(decoder.host_workspace_bytes, HW)
+    assert whole.layer_class("decoder").host_workspace_bytes == B * L * (D + 2 * F) * 2  # the whole batch's
+    assert costs.with_prefill(Microbatch(1, 4)) == costs
+
+
+def test_candidates_halve_sequences_then_tokens_while_they_free_memory():
+    """The solver is offered the whole batch, then halvings (sequences first, then prompt tokens) for as long as
+    each frees at least WORKSPACE_SHARE of the budget."""
+    graph, work = hand_graph(TINY), Workload(4, 32, 4)
+    tight = annotate_costs(graph, HW, work, TierBudgets(64 * 1024, 10**12, 0))
+    candidates = tight.microbatches
+    assert candidates[:4] == (Microbatch(4, 32), Microbatch(2, 32), Microbatch(1, 32), Microbatch(1, 16))
+    sizes = [tight.with_prefill(m).layer_class("decoder").workspace_bytes for m in candidates]
+    assert all(a - b >= WORKSPACE_SHARE * 64 * 1024 for a, b in zip(sizes, sizes[1:]))
+    roomy = annotate_costs(graph, HW, work, TierBudgets(10**12, 10**12, 0))
+    assert roomy.microbatches == (Microbatch(4, 32),)  # nothing worth freeing: the whole batch only
+    # every candidate prices the same decode and only the decoder's prefill differs
+    other = tight.with_prefill(candidates[-1])
+    assert other.layer_class("decoder").decode == tight.layer_class("decoder").decode
+    assert other.layer_class("head") == tight.layer_class("head")
+    assert CostGraph.from_json(tight.to_json()).microbatches == candidates  # the options serialise too

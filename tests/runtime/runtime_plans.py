@@ -19,6 +19,7 @@ HBM):
                taking `permille` of them (an int, or unit → int); weights in DDR, GPU parts streamed; attention
                on the GPU at prefill and on the CPU at decode (KV in DDR), or on the GPU in both phases
                (`split_attention='gpu'`: the decode KV window is streamed); the embedding gathers on the host
+Any of them may cut its prefill into micro-batches (`microbatch=(sequences, prompt tokens)`, plan v3).
 `spec.memory` and `spec.execution` are filled from closed-form byte counts (parameter numels, the KV formula), an
 upper bound of what the runtime allocates; `status` carries made-up but valid predictions.
 """
@@ -202,8 +203,10 @@ def _param_numels(cfg: ModelConfig) -> dict[str, int]:
 def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None = None, kv_tier: str | None = None,
               resident_layers: int = 0, cxl_layers: int = 0, batch: int = 2, prompt_len: int = 8, gen_len: int = 20,
               prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None,
-              permille: int | dict[str, int] = 500, split_attention: str = "cpu") -> OffloadPlan:
-    """A valid plan for `cfg` (see the module docstring)."""
+              permille: int | dict[str, int] = 500, split_attention: str = "cpu",
+              microbatch: tuple[int, int] | None = None) -> OffloadPlan:
+    """A valid plan for `cfg` (see the module docstring); `microbatch`: the prefill's (sequences, prompt tokens)
+    per micro-batch (default: the whole batch at once)."""
     names = SUBLAYERS[cfg.family]
     prefill, decode, embed_dev, head_dev = _placements(cfg, policy)
     if policy == "split" and split_attention == "gpu":
@@ -255,7 +258,7 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         workload=Workload(batch, prompt_len, gen_len, "latency"),
         budgets=Budgets(memory.hbm_bytes * 2, memory.ddr_bytes * 2, memory.cxl_bytes * 2),
         memory=memory,
-        execution=Execution(prefetch_depth, staging),
+        execution=Execution(prefetch_depth, staging, *(microbatch or (batch, prompt_len))),
         layer_groups=tuple(groups),
     )
     times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), 1e-4 * (rank + 1), 1e-6, 0.0)
