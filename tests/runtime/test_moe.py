@@ -166,3 +166,27 @@ def test_compiled_plan_runs(checkpoints, reference):
     out = engine.generate(PROMPT, NEW_TOKENS)
     assert torch.equal(out.token_ids, reference("mixtral")[2])
     assert out.transfers["streamed_bytes"] > 0
+
+
+@pytest.mark.parametrize("placement", ("mixed", "crossed"))
+def test_left_padded_prompts_match_hf_generate(checkpoints, placement):
+    """Prompts of different lengths in one batch (left padding, a per-sequence mask) through a Mixtral plan with
+    experts resident, on the CPU and streamed: HF `generate` with its attention mask gives the same tokens (pad
+    tokens are routed too, but no real token attends to them)."""
+    import transformers
+
+    rows = [[5, 9, 17, 33, 4, 60, 71, 8], [44, 12, 3], [7, 7, 19, 100, 2]]
+    width, new, pad = 8, 12, 0
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    directory, cfg = checkpoints("mixtral")
+    hf = transformers.MixtralForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    config = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, pad_token_id=pad, eos_token_id=None,
+                                           bos_token_id=None)
+    with torch.no_grad():
+        expected = hf.generate(ids, attention_mask=mask, generation_config=config)[:, width:]
+    policy, kwargs, experts = _placements(cfg.num_experts)[placement]
+    plan = make_plan(cfg, policy, experts=experts, batch=3, prompt_len=width, gen_len=new, **kwargs)
+    engine = Engine.from_plan(plan, directory, backend=make_test_backend("emulated"), dtype=torch.float32)
+    out = engine.generate(ids, new, attention_mask=mask)
+    assert torch.equal(out.token_ids, expected)
