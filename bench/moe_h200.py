@@ -1,7 +1,10 @@
 """The MoE benchmark (issue 16): a Mixtral-8x7B-shaped model with the GPU capped, experts on the CPU vs streamed.
 
-    # on the GPU machine, from the repo root (one call, ≤ 8 min wall; liac importable as in bench/run_plans.py):
-    python3 bench/moe_h200.py --out $OUT
+    # on the GPU machine, from the repo root, carrying .whl/ (the pulp wheel, as bench/device-call.sh): one call,
+    # ≤ 8 min wall, liac installed into /tmp/site first (the compile stage needs liac.passes and pulp)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
+    python3 -m pip install -q --no-index --no-build-isolation --no-deps --target /tmp/site . && \
+    PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT
     # here, as a smoke test (a tiny Mixtral, the GPU emulated on the CPU, quick rates):
     python bench/moe_h200.py --out /tmp/moe --emulate
 
