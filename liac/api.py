@@ -25,9 +25,9 @@ from liac.models import resolve_model
 from liac.models.config import ModelConfig
 from liac.passes.costs import SPLIT_PERMILLE, CostGraph, Microbatch, TierBudgets, Workload, annotate_costs
 from liac.passes.emit import emit_plan
-from liac.passes.price import group_hbm_experts
 from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, policy_label,
                              price_config, solve_placement)
+from liac.passes.price import group_hbm_experts
 from liac.plan import MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
 from liac.profile import HardwareProfile, resolve_profile
 from liac.schema_tools import to_data
