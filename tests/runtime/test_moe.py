@@ -58,6 +58,21 @@ def test_greedy_tokens_match_hf_fp32(checkpoints, reference, family, placement, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cut", ((1, 8), (2, 3), (1, 3)))
+@pytest.mark.parametrize("placement", ("streamed", "mixed", "crossed"))
+def test_microbatched_prefill_matches_hf_fp32(checkpoints, reference, placement, cut, backend):
+    """A Mixtral prefill cut into micro-batches (plan v3, `microbatch=(sequences, prompt tokens)`): each micro-batch
+    routes its own tokens through the resident, CPU and streamed experts; the tokens and logits stay HF's."""
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(_plan(cfg, placement, microbatch=cut), directory, backend=make_test_backend(backend),
+                              dtype=torch.float32)
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference("mixtral")
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("placement", ("gpu", "cpu", "mixed"))
 @pytest.mark.parametrize("family", MOE)
 def test_bf16_logits_within_bf16_tolerance(checkpoints, reference, family, placement, backend):
