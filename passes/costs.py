@@ -119,7 +119,7 @@ class UnitCosts:
         split_stream_bytes: [grid point][step], bytes the GPU part streams when the weights are off HBM (Eq. 16).
         split_cpu_read_bytes: [grid point][step], bytes the CPU part reads from the weights' tier (Eq. 16).
         experts: an MoE experts unit's expert count E (0 for every other unit); then, per count n = 0 … E of its
-            experts computed on one device (Eq. 20):
+            experts computed on one device (Eq. 21):
         expert_cpu_seconds: [n][tier][step], the CPU computing n experts' routed tokens, weights in that tier.
         expert_cpu_beside_bytes: [n][tier][step], DDR bytes DMA can read beside them (Eq. 18).
         expert_gpu_seconds: [n][step], the GPU computing n experts' routed tokens (weights in HBM or staged).
@@ -548,7 +548,7 @@ def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,
 
 
 def _expert_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile) -> dict:
-    """An MoE experts unit's prices per count of its experts on one device (Eq. 20), as UnitCosts fields.
+    """An MoE experts unit's prices per count of its experts on one device (Eq. 21), as UnitCosts fields.
 
     Experts are interchangeable under uniform routing, so n of E experts do n / E of the unit's routed work: its
     FLOPs and the weight bytes its tokens hit (E_hit / E of each expert's), with every token's hidden state in and

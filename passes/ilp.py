@@ -218,7 +218,7 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
         split: whether units may split (then up to `max_split_units` of them at once).
         resident: the layer's weights and KV cache are all in HBM: all-GPU stays allowed whatever the policy
             (LIA's Optimization-1).
-        hbm_experts: an MoE layer's experts resident in HBM; its experts unit splits by count (Eq. 20): c of the
+        hbm_experts: an MoE layer's experts resident in HBM; its experts unit splits by count (Eq. 21): c of the
             others on the CPU, the rest streamed, one split unit like any other.
 
     Returns:
@@ -341,7 +341,7 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     kv_choices = tiers if "kv" in cls.operands or cls.kv_cache_bytes else ("none",)
     units = cls.prefill.units
     # Per weight unit, (tier, experts resident in HBM): an MoE experts unit may keep some of its experts in HBM and
-    # the rest in a host tier (Eq. 20); every other unit has one tier. The router's few kB of weights follow its
+    # the rest in a host tier (Eq. 21); every other unit has one tier. The router's few kB of weights follow its
     # experts (in HBM when they all are, else in their host tier): a choice of its own would only double the
     # configurations with near-twins that differ by those kB, which the master problem's levels solve badly.
     expert_unit = next((u for u in weight_units if units[u].experts), None)

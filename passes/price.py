@@ -217,7 +217,7 @@ def _edge_seconds(costs: CostGraph, edge: EdgeCosts, shares: np.ndarray, partial
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Eqs. 2, 17: ([P, steps] H2D, [P, steps] D2H) of one activation edge: every device computing part of its
     destination needs the parts of its source that it lacks. A source whose parts are partial sums (MoE experts,
-    `partial`) hands over its whole output from each device that computes part of it (Eq. 20)."""
+    `partial`) hands over its whole output from each device that computes part of it (Eq. 21)."""
     src, dst = shares[:, edge.src], shares[:, edge.dst]
     cpu_part, gpu_part = (1.0 - src, src) if not partial else ((src < 1).astype(float), (src > 0).astype(float))
     latency = costs.pcie_latency_seconds
@@ -248,7 +248,7 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
     """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
     'stream' bytes to the GPU, 'staged' bytes it needs in the staging buffer, 'read' bytes the CPU reads from the
     tier, 'cpu' seconds the CPU computes and the DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether
-    the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 20)."""
+    the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 21)."""
     if unit.experts:
         return _expert_options(costs, unit, tier, permille, steps, hbm_experts)
     tier_index = TIERS.index(tier)
@@ -286,7 +286,7 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
 
 def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
                     hbm: int) -> dict:
-    """`_unit_options` of an MoE experts unit (Eq. 20): of its E experts, `hbm` are resident in HBM, and at a CPU
+    """`_unit_options` of an MoE experts unit (Eq. 21): of its E experts, `hbm` are resident in HBM, and at a CPU
     share `permille` the CPU computes c of the others from `tier` (1000 · c // E = permille), while the GPU computes
     the resident ones and the s = E − hbm − c streamed ones. Streamed experts are copied only when routed, so after
     the router: their expected routed bytes cross PCIe on the chain (the GPU meanwhile computing the resident
@@ -404,7 +404,7 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         valid &= options["ok"][inverse]
         if pc.steps == 0:
             continue
-        chain += options["compute"][inverse]  # Eqs. 1, 15, 20
+        chain += options["compute"][inverse]  # Eqs. 1, 15, 21
         if tiers[index] in HOST_TIERS:
             staged += options["staged"][inverse]
         cpu_seconds += options["cpu"][inverse]
@@ -550,7 +550,7 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
 def split_grid(plan: OffloadPlan) -> tuple[int, ...]:
     """The CPU shares (permille) to price a plan's split units at: the compiler's grid and every share it uses."""
     shares = {s.cpu_permille(phase) for g in plan.spec.layer_groups for s in g.sublayers for phase in PHASES
-              if s.name != "experts"}  # an experts unit's permille counts experts (Eq. 20), not a grid share
+              if s.name != "experts"}  # an experts unit's permille counts experts (Eq. 21), not a grid share
     return tuple(sorted(set(SPLIT_PERMILLE) | {p for p in shares if 0 < p < 1000}))
 
 

@@ -198,7 +198,7 @@ def _split_reason(price, deltas: dict, sharing) -> str:
 
 
 def _experts_reason(placed, phase: str, experts: int, tier: str, deltas: dict) -> str:
-    """Where an MoE layer's experts are (docs/cost-model.md Eq. 20), and what the layer would take with all its
+    """Where an MoE layer's experts are (docs/cost-model.md Eq. 21), and what the layer would take with all its
     non-resident experts on the CPU, or all streamed to the GPU, instead."""
     cpu, streamed = placed.cpu(phase), placed.streamed(phase, experts)
     where = [f"{placed.hbm} of {experts} experts resident in HBM"] if placed.hbm else []

@@ -63,7 +63,7 @@ def cpu_experts(value: int, experts: int) -> int:
 
 
 def eval_experts(costs: CostGraph, unit: UnitCosts, tier: str, hbm: int, value: int, step: int):
-    """Eq. 20 by hand: (chain seconds, CPU seconds, beside bytes, streamed bytes, CPU-read bytes, staged bytes) of
+    """Eq. 21 by hand: (chain seconds, CPU seconds, beside bytes, streamed bytes, CPU-read bytes, staged bytes) of
     an experts unit with `hbm` experts resident and a CPU count from `value`, or None when not allowed."""
     experts = unit.experts
     cpu = cpu_experts(value, experts)
