@@ -27,6 +27,7 @@ from liac.passes.costs import SPLIT_PERMILLE, CostGraph, Microbatch, TierBudgets
 from liac.passes.emit import emit_plan
 from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, policy_label,
                              price_config, solve_placement)
+from liac.passes.price import group_hbm_experts
 from liac.plan import MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
 from liac.profile import HardwareProfile, resolve_profile
 from liac.schema_tools import to_data
@@ -186,7 +187,8 @@ def reprice_point(graph, cfg: ModelConfig, profile: HardwareProfile, plan: Offlo
             return None
         config = price_config(costs, cls, tuple(s.weights for s in group.sublayers), group.kv_cache,
                               tuple(s.prefill_cpu_permille for s in group.sublayers),
-                              tuple(s.decode_cpu_permille for s in group.sublayers))
+                              tuple(s.decode_cpu_permille for s in group.sublayers),
+                              group_hbm_experts(cls, group))
         if config is None:
             return None
         choices.append(LayerChoice(group.layer_class, config, group.layer_count))

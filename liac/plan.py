@@ -37,7 +37,9 @@ from liac.schema_tools import from_data, json_schema, spec_field, to_data
 __all__ = [
     "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "HOST_TIERS", "NO_TIER", "OBJECTIVES",
     "LAYER_CLASSES", "PHASES", "MAX_BATCH", "MAX_TOKENS", "MAX_BYTES", "MAX_LAYERS", "MAX_PREFETCH_DEPTH",
-    "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "SublayerPlacement", "LayerGroup",
+    "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "ExpertPlacement",
+    "SublayerPlacement", "LayerGroup", "EXPERT_SLOTS", "expert_placement", "expert_tier_counts", "experts_permille",
+    "experts_from_permille",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
     "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "check_semantics", "placement_of",
 ]
@@ -62,6 +64,9 @@ MAX_TOKENS = 2**24  # prompt or generated tokens per sequence
 MAX_BYTES = 2**60  # any byte count (1 EiB)
 MAX_LAYERS = 2**20
 MAX_PREFETCH_DEPTH = 64
+# Routed experts streamed to the GPU pass through this many slots of one expert each, in the staging buffer of their
+# layer after its other streamed tensors: the copy of the next routed expert overlaps the compute of the current one.
+EXPERT_SLOTS = 2
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,33 @@ class Execution:
 
 
 @dataclass(frozen=True)
+class ExpertPlacement:
+    """Where the experts of an MoE `experts` sublayer live and compute, as counts: under uniform routing the experts
+    of a layer are interchangeable, so a plan says how many, and the runtime takes them in index order.
+
+    Experts [0, hbm) are resident in HBM and computed on the GPU. The others live in the sublayer's `weights` tier
+    ('ddr' or 'cxl'); in each phase the first `<phase>_cpu` of them, experts [hbm, hbm + cpu), are computed on the
+    CPU where they lie, and the rest are streamed to the GPU (only those the step's tokens are routed to) through
+    `EXPERT_SLOTS` slots in their layer's staging buffer. The sublayer's placement in a phase follows: 'cpu' when
+    the CPU computes every expert, 'gpu' when it computes none, else 'split', with `<phase>_cpu_permille` =
+    1000 · cpu // num_experts.
+    """
+
+    hbm: int = spec_field("experts resident in HBM and computed on the GPU (experts [0, hbm) of each layer)",
+                          minimum=0)
+    prefill_cpu: int = spec_field("experts the CPU computes during prefill, from the `weights` tier (the next ones "
+                                  "after the resident ones); the remaining ones are streamed to the GPU", minimum=0)
+    decode_cpu: int = spec_field("experts the CPU computes during decode (as prefill_cpu)", minimum=0)
+
+    def cpu(self, phase: str) -> int:
+        return self.prefill_cpu if phase == "prefill" else self.decode_cpu
+
+    def streamed(self, phase: str, num_experts: int) -> int:
+        """Experts streamed to the GPU in `phase`: the ones neither resident nor computed on the CPU."""
+        return num_experts - self.hbm - self.cpu(phase)
+
+
+@dataclass(frozen=True)
 class SublayerPlacement:
     """Where one sublayer computes in each phase, and where its weights live.
 
@@ -159,6 +191,10 @@ class SublayerPlacement:
                                            minimum=0, maximum=1000)
     decode_cpu_permille: int = spec_field("share of the output features the CPU computes during decode, in "
                                           "permille (as prefill_cpu_permille)", minimum=0, maximum=1000)
+    experts: ExpertPlacement | None = spec_field("MoE `experts` sublayers only: how many experts are resident in "
+                                                 "HBM and how many the CPU computes in each phase (absent: every "
+                                                 "expert in `weights`, computed where the phases say, as in plans "
+                                                 "written before it)", default=None)
 
     @staticmethod
     def whole(name: str, prefill: str, decode: str, weights: str) -> "SublayerPlacement":
@@ -313,6 +349,66 @@ def placement_of(cpu_permille: int) -> str:
     return {1000: "cpu", 0: "gpu"}.get(cpu_permille, "split")
 
 
+def expert_placement(sub: SublayerPlacement, num_experts: int) -> ExpertPlacement:
+    """The expert counts of an `experts` sublayer: its `experts` record, or for a plan without one (written before
+    the record existed) the whole-unit reading: every expert in `weights`, computed where each phase says."""
+    if sub.experts is not None:
+        return sub.experts
+    whole = {"cpu": num_experts, "gpu": 0}
+    return ExpertPlacement(num_experts if sub.weights == "hbm" else 0, whole.get(sub.prefill, 0),
+                           whole.get(sub.decode, 0))
+
+
+def expert_tier_counts(sub: SublayerPlacement, num_experts: int) -> dict[str, int]:
+    """Experts per tier of an `experts` sublayer: the resident ones in 'hbm', the others in its `weights` tier."""
+    placed = expert_placement(sub, num_experts)
+    out = {"hbm": placed.hbm} if placed.hbm else {}
+    if num_experts - placed.hbm:
+        out[sub.weights] = out.get(sub.weights, 0) + num_experts - placed.hbm
+    return out
+
+
+def experts_permille(cpu_experts: int, num_experts: int) -> int:
+    """The CPU's share, in permille, of an `experts` sublayer whose CPU computes `cpu_experts` experts."""
+    return 1000 * cpu_experts // num_experts
+
+
+def experts_from_permille(permille: int, num_experts: int) -> int:
+    """The inverse of `experts_permille` (exact for up to 1000 experts): the CPU's expert count at a share."""
+    return -(-permille * num_experts // 1000)
+
+
+def _expert_errors(sub: SublayerPlacement, num_experts: int, where: str) -> list[tuple[str, str]]:
+    """An `experts` record must fit the layer's experts and agree with the sublayer's tier, placements, permille."""
+    placed = sub.experts
+    if num_experts == 0:
+        return [(f"{where}.experts", "must be absent: the model has no experts")]
+    errors = []
+    for field, value in (("hbm", placed.hbm), ("prefill_cpu", placed.hbm + placed.prefill_cpu),
+                         ("decode_cpu", placed.hbm + placed.decode_cpu)):
+        if value > num_experts:
+            what = "must be at most" if field == "hbm" else "plus hbm must be at most"
+            errors.append((f"{where}.experts.{field}", f"{what} the layer's {num_experts} experts, got "
+                                                       f"{getattr(placed, field)}"))
+    if errors:
+        return errors
+    want_tier = "'hbm'" if placed.hbm == num_experts else "'ddr' or 'cxl'"
+    if (placed.hbm == num_experts) != (sub.weights == "hbm") or sub.weights == NO_TIER:
+        errors.append((f"{where}.weights", f"must be {want_tier} with {placed.hbm} of {num_experts} experts in "
+                                           f"HBM, got '{sub.weights}'"))
+    for phase in PHASES:
+        cpu = placed.cpu(phase)
+        want = "cpu" if cpu == num_experts else "gpu" if cpu == 0 else "split"
+        if getattr(sub, phase) != want:
+            errors.append((f"{where}.{phase}", f"must be '{want}' with {cpu} of {num_experts} experts on the CPU in "
+                                               f"{phase}, got '{getattr(sub, phase)}'"))
+        elif sub.cpu_permille(phase) != experts_permille(cpu, num_experts):
+            errors.append((f"{where}.{phase}_cpu_permille", f"must be {experts_permille(cpu, num_experts)} "
+                                                            f"(1000 · {cpu} // {num_experts}), got "
+                                                            f"{sub.cpu_permille(phase)}"))
+    return errors
+
+
 def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
     """A sublayer's permille must match its placement; only weight GEMM units split, and from DDR or CXL."""
     errors = []
@@ -394,6 +490,13 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
                 errors.append((f"{sub_where}.weights", "must be one of 'hbm', 'ddr', 'cxl': the sublayer has weights"))
             if not has_weights and sub.weights != NO_TIER:
                 errors.append((f"{sub_where}.weights", "must be 'none': the sublayer has no weights"))
+            if sub.experts is not None:
+                if sub.name != "experts" or not decoder:
+                    errors.append((f"{sub_where}.experts", "must be absent: only a decoder's 'experts' sublayer "
+                                                           "places experts"))
+                else:
+                    errors.extend(_expert_errors(sub, cfg.num_experts, sub_where))
+                continue
             if sub.weights == "hbm" and "cpu" in (sub.prefill, sub.decode):
                 errors.append((f"{sub_where}.weights", "must not be 'hbm' for a sublayer computed on the CPU"))
             errors.extend(_split_errors(sub, sub_where))

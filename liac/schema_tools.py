@@ -1,7 +1,8 @@
 """Frozen dataclasses as a schema: load (with path-named errors), dump, and JSON Schema generation.
 
 A record is a frozen dataclass whose fields use these types: `int`, `float`, `str`, `bool`, `dict` (a free-form
-mapping, checked by the record's own code), another record, or `tuple[Record, ...]` (a YAML list of records).
+mapping, checked by the record's own code), another record, `Record | None` with default None (an optional record:
+absent from the YAML when None, Go's `omitempty`), or `tuple[Record, ...]` (a YAML list of records).
 Field metadata (`spec_field(...)`) adds `enum`, `minimum`, `maximum`, `pattern` and `doc`, which both the loader and the
 generated JSON Schema enforce, so the two cannot drift. A `float` must be finite (NaN and infinities are not JSON
 numbers either); values quoted in errors are bounded (`liac.errors.brief`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
 import typing
 from dataclasses import MISSING, field, fields, is_dataclass
 from typing import Any
@@ -79,7 +81,19 @@ def from_data(cls, data: Any, source: str, path: str = ""):
     return cls(**values)
 
 
+def _optional(typ):
+    """The record type of an optional field (`Record | None`), else None."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if len(args) == 1 and type(None) in typing.get_args(typ):
+            return args[0]
+    return None
+
+
 def _value(typ, meta, value, source, where):
+    inner = _optional(typ)
+    if inner is not None:
+        return None if value is None else _value(inner, meta, value, source, where)
     origin = typing.get_origin(typ)
     if origin is tuple:
         (item,) = [a for a in typing.get_args(typ) if a is not Ellipsis]
@@ -132,8 +146,9 @@ def scalar_problem(typ, meta, value) -> tuple[str | None, Any]:
 
 def to_data(record) -> Any:
     """Record → plain data (floats rounded by `stable_float`); the inverse of `from_data`."""
-    if is_dataclass(record):
-        return {f.name: to_data(getattr(record, f.name)) for f in fields(record)}
+    if is_dataclass(record):  # an optional record left unset (None) is left out
+        return {f.name: to_data(getattr(record, f.name)) for f in fields(record)
+                if not (getattr(record, f.name) is None and f.default is None)}
     if isinstance(record, (list, tuple)):
         return [to_data(v) for v in record]
     if isinstance(record, dict):
@@ -167,6 +182,9 @@ def _schema_of(cls) -> dict[str, Any]:
 
 
 def _schema_of_type(typ, meta) -> dict[str, Any]:
+    inner = _optional(typ)
+    if inner is not None:  # absent when unset: not in 'required' (its default is None)
+        return _schema_of_type(inner, meta)
     origin = typing.get_origin(typ)
     if origin is tuple:
         (item,) = [a for a in typing.get_args(typ) if a is not Ellipsis]

@@ -118,6 +118,14 @@ class UnitCosts:
         split_gpu_seconds: [grid point][step], the GPU part (the rest of the output features) (Eq. 15).
         split_stream_bytes: [grid point][step], bytes the GPU part streams when the weights are off HBM (Eq. 16).
         split_cpu_read_bytes: [grid point][step], bytes the CPU part reads from the weights' tier (Eq. 16).
+        experts: an MoE experts unit's expert count E (0 for every other unit); then, per count n = 0 … E of its
+            experts computed on one device (Eq. 21):
+        expert_cpu_seconds: [n][tier][step], the CPU computing n experts' routed tokens, weights in that tier.
+        expert_cpu_beside_bytes: [n][tier][step], DDR bytes DMA can read beside them (Eq. 18).
+        expert_gpu_seconds: [n][step], the GPU computing n experts' routed tokens (weights in HBM or staged).
+        expert_bytes: [step], one expert's weight bytes a step reads, expected under uniform routing: what streaming
+            it (its routed copies only) or computing it on the CPU moves, E_hit / E of its weights.
+        expert_slot_bytes: one expert's weights: a staging slot for a streamed expert.
     """
 
     name: str
@@ -134,6 +142,12 @@ class UnitCosts:
     split_gpu_seconds: tuple[tuple[float, ...], ...] = ()
     split_stream_bytes: tuple[tuple[float, ...], ...] = ()
     split_cpu_read_bytes: tuple[tuple[float, ...], ...] = ()
+    experts: int = 0
+    expert_cpu_seconds: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    expert_cpu_beside_bytes: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    expert_gpu_seconds: tuple[tuple[float, ...], ...] = ()
+    expert_bytes: tuple[float, ...] = ()
+    expert_slot_bytes: int = 0
 
     @property
     def can_split(self) -> bool:
@@ -332,6 +346,8 @@ def _shared_terms(sub: Sublayer, share, flops: float, weights: float, a_in: floa
     """
     if sub.kind == "linear":
         return _Part(flops * share, weights * share, a_in, a_out * share)
+    if sub.kind == "experts":  # a share of the experts: their FLOPs and weights; all tokens in, a whole partial sum out
+        return _Part(flops * share, weights * share, a_in, a_out)
     if sub.kind == "norm":
         return _Part(flops, weights, a_in, a_out)
     return _Part(flops * share, weights * share, a_in * share, a_out * share)
@@ -486,6 +502,8 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
     split = {}
     if split_permille and operand == "weights" and splittable(subs):
         split = _split_costs(subs, phase, points, hw, split_permille)
+    if any(s.kind == "experts" and s.experts[0] for s in subs):
+        split = _expert_costs(subs, phase, points, hw)
     return UnitCosts(name=name, cpu_seconds=tuple(cpu), cpu_beside_bytes=tuple(beside), cpu_allows_hbm=allows_hbm,
                      gpu_seconds=gpu,
                      stream_bytes=tuple(stream), cpu_read_bytes=tuple(cpu_read), kv_to_gpu_seconds=tuple(kv_up),
@@ -527,6 +545,37 @@ def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,
             "split_gpu_seconds": nested(gpu),
             "split_stream_bytes": nested(np.repeat(stream[:, None], steps, axis=1)),
             "split_cpu_read_bytes": nested(np.repeat(read[:, None], steps, axis=1))}
+
+
+def _expert_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile) -> dict:
+    """An MoE experts unit's prices per count of its experts on one device (Eq. 21), as UnitCosts fields.
+
+    Experts are interchangeable under uniform routing, so n of E experts do n / E of the unit's routed work: its
+    FLOPs and the weight bytes its tokens hit (E_hit / E of each expert's), with every token's hidden state in and
+    a whole partial sum out (Eq. 15's parts, shared by expert count instead of output features).
+    """
+    (node,) = [s for s in subs if s.kind == "experts"]
+    num_experts = node.experts[0]
+    share = np.arange(num_experts + 1, dtype=np.float64) / num_experts
+    cpu = np.zeros((num_experts + 1, len(TIERS), len(points)))
+    beside = np.zeros_like(cpu)
+    gpu = np.zeros((num_experts + 1, len(points)))
+    for step, point in enumerate(points):
+        for tier_index, tier in enumerate(TIERS):
+            for sub in subs:
+                seconds, nbytes = cpu_node_prices(sub, tier, phase, point, hw, share)
+                cpu[:, tier_index, step] += seconds
+                beside[:, tier_index, step] += nbytes
+        gpu[:, step] = sum(node_seconds(s, "gpu", "hbm", phase, point, hw, share) for s in subs)
+    cpu[0], beside[0], gpu[0] = 0.0, 0.0, 0.0  # no expert on the device: no part there
+
+    def nested(array):
+        return tuple(nested(a) for a in array) if array.ndim > 1 else tuple(float(v) for v in array)
+
+    return {"experts": num_experts, "expert_cpu_seconds": nested(cpu), "expert_cpu_beside_bytes": nested(beside),
+            "expert_gpu_seconds": nested(gpu),
+            "expert_bytes": tuple(float(_weights_touched(node, p[0], p[1])) / num_experts for p in points),
+            "expert_slot_bytes": node.weight_bytes // num_experts}
 
 
 class _Edge(NamedTuple):

@@ -17,9 +17,9 @@ from liac.models.config import ModelConfig
 from liac.passes.costs import CostGraph
 from liac.passes.ilp import Assignment, LayerConfig, SolverReport
 from liac.passes.price import PlanPrice, price_groups
-from liac.plan import (API_VERSION, KIND, PHASES, TIERS, Budgets, Execution, HardwareSpec, LayerGroup, Metadata,
-                       ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SublayerPlacement, SublayerTime,
-                       TierBytes, TierUsage, placement_of)
+from liac.plan import (API_VERSION, KIND, PHASES, TIERS, Budgets, Execution, ExpertPlacement, HardwareSpec,
+                       LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SublayerPlacement,
+                       SublayerTime, TierBytes, TierUsage, experts_from_permille, placement_of)
 from liac.plan import SolverReport as PlanSolverReport
 from liac.plan import Workload as PlanWorkload
 
@@ -34,7 +34,16 @@ def plan_name(model: str, profile: str, batch: int, prompt_len: int, gen_len: in
 
 def _order_key(config: LayerConfig):
     return (-config.hbm_bytes, sum(config.decode_cpu_permille), sum(config.prefill_cpu_permille), config.weights,
-            config.kv_cache, config.prefill_cpu_permille, config.decode_cpu_permille)
+            config.kv_cache, config.prefill_cpu_permille, config.decode_cpu_permille, config.hbm_experts)
+
+
+def _experts(config: LayerConfig, unit: int, num_experts: int) -> ExpertPlacement | None:
+    """The expert counts of an MoE experts unit (None for every other unit)."""
+    if not num_experts:
+        return None
+    return ExpertPlacement(hbm=config.hbm_experts,
+                           prefill_cpu=experts_from_permille(config.prefill_cpu_permille[unit], num_experts),
+                           decode_cpu=experts_from_permille(config.decode_cpu_permille[unit], num_experts))
 
 
 def _layer_groups(costs: CostGraph, assignment: Assignment) -> tuple[LayerGroup, ...]:
@@ -45,6 +54,7 @@ def _layer_groups(costs: CostGraph, assignment: Assignment) -> tuple[LayerGroup,
     groups = []
     for name in ("embed", "decoder", "head"):
         cls = costs.layer_class(name)
+        experts = [unit.experts for unit in cls.prefill.units]
         first = 0
         for position, choice in enumerate(sorted(by_class[name], key=lambda c: _order_key(c.config))):
             config = choice.config
@@ -52,7 +62,8 @@ def _layer_groups(costs: CostGraph, assignment: Assignment) -> tuple[LayerGroup,
                                                 decode=placement_of(config.decode_cpu_permille[i]),
                                                 weights=config.weights[i],
                                                 prefill_cpu_permille=config.prefill_cpu_permille[i],
-                                                decode_cpu_permille=config.decode_cpu_permille[i])
+                                                decode_cpu_permille=config.decode_cpu_permille[i],
+                                                experts=_experts(config, i, experts[i]))
                               for i, unit in enumerate(cls.units))
             groups.append(LayerGroup(name=name if name != "decoder" else f"decoder-{position}", layer_class=name,
                                      first_layer=first, layer_count=choice.count, kv_cache=config.kv_cache,

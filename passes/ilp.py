@@ -38,10 +38,11 @@ from liac.passes.ilp_check import GAP_TOLERANCE, check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
 from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
 from liac.passes.price import layer_time, operand_tiers
-from liac.plan import HOST_TIERS
+from liac.plan import HOST_TIERS, TIERS, experts_permille
 
 __all__ = ["SolverOptions", "Policy", "LayerConfig", "LayerChoice", "Assignment", "SolverReport", "POLICIES", "WHOLE",
-           "parse_policy", "policy_label", "phase_placements", "layer_configs", "price_config",
+           "EXPERT_GRID", "expert_counts", "parse_policy", "policy_label", "phase_placements", "layer_configs",
+           "price_config",
            "assemble_assignment", "solve_placement"]
 
 # Fixed policies of LIA (lia-paper.md §2.3) over the six decoder units (qkv, attn_score, attn_context, out_proj,
@@ -57,6 +58,9 @@ POLICIES: dict[str, tuple[tuple[int, ...], ...]] = {
 # The optimum over whole-sublayer placements only (no splits): what liac compiled before splits, and the baseline
 # a split's gain is measured against.
 WHOLE = "whole"
+# An MoE layer's expert counts (resident in HBM, computed on the CPU) are enumerated one by one up to this many
+# experts; beyond it, on a grid of this many steps (docs/cost-model.md §3: the optimum is exact over the grid).
+EXPERT_GRID = 16
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,29 @@ def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefe
     return np.sort(reps[keep])
 
 
+def expert_counts(num_experts: int, up_to: int | None = None) -> tuple[int, ...]:
+    """Expert counts 0 … `up_to` (default all) the ILP enumerates: every count up to EXPERT_GRID experts, else a
+    grid of EXPERT_GRID steps over the layer's experts (and `up_to` itself)."""
+    up_to = num_experts if up_to is None else up_to
+    if num_experts <= EXPERT_GRID:
+        return tuple(range(up_to + 1))
+    grid = {round(num_experts * step / EXPERT_GRID) for step in range(EXPERT_GRID + 1)}
+    return tuple(sorted({c for c in grid if c <= up_to} | {up_to}))
+
+
+def _expert_splits(unit, tier: str, hbm_experts: int) -> tuple[int, ...]:
+    """An experts unit's CPU shares (permille) that split it between the devices: c experts on the CPU, the rest
+    (resident or streamed) on the GPU."""
+    if tier not in HOST_TIERS:
+        return ()
+    experts = unit.experts
+    return tuple(experts_permille(c, experts) for c in expert_counts(experts, experts - hbm_experts)
+                 if c > 0 and (c < experts or hbm_experts > 0) and experts_permille(c, experts) < 1000)
+
+
 def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_permille: tuple[int, ...],
                      allowed: tuple | None = None, split: bool = True, max_split_units: int = 1,
-                     resident: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                     resident: bool = False, hbm_experts: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Every placement of one layer in one phase that the rules and the policy allow.
 
     Args:
@@ -194,6 +218,8 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
         split: whether units may split (then up to `max_split_units` of them at once).
         resident: the layer's weights and KV cache are all in HBM: all-GPU stays allowed whatever the policy
             (LIA's Optimization-1).
+        hbm_experts: an MoE layer's experts resident in HBM; its experts unit splits by count (Eq. 21): c of the
+            others on the CPU, the rest streamed, one split unit like any other.
 
     Returns:
         (CPU permille [P, U] (1000 = CPU, 0 = GPU, in between a split), in_policy [P] bool: False for the
@@ -203,8 +229,10 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
     if allowed is not None and len(allowed[0]) != len(units):
         raise LiacError("--policy", f"LIA's policies cover {len(allowed[0])} decoder units, this model has "
                         f"{len(units)}")
-    # A unit computes on the CPU only with its operand off HBM (or without one); it splits only from DDR/CXL.
-    whole = [(0, 1000) if tiers[u] != "hbm" or unit.cpu_allows_hbm else (0,) for u, unit in enumerate(units)]
+    # A unit computes on the CPU only with its operand off HBM (or without one); it splits only from DDR/CXL. All of
+    # an MoE layer's experts on the CPU leaves none in HBM.
+    whole = [(0, 1000) if (tiers[u] != "hbm" or unit.cpu_allows_hbm) and not (unit.experts and hbm_experts) else (0,)
+             for u, unit in enumerate(units)]
     rows = [row for row in itertools.product(*whole)]
     in_policy = [True] * len(rows)
     if allowed is not None:
@@ -214,11 +242,14 @@ def phase_placements(cls: ClassCosts, phase: str, tiers: tuple[str, ...], split_
         keep = [ok or (resident and row == all_gpu) for row, ok in zip(rows, in_policy)]
         rows = [row for row, ok in zip(rows, keep) if ok]
         in_policy = [ok for ok, k in zip(in_policy, keep) if k]
-    if split and split_permille and max_split_units > 0:
-        can = [u for u, unit in enumerate(units) if unit.can_split and tiers[u] in HOST_TIERS]
+    if split and max_split_units > 0:
+        shares = {u: split_permille for u, unit in enumerate(units)
+                  if unit.can_split and tiers[u] in HOST_TIERS and split_permille}
+        shares.update({u: _expert_splits(unit, tiers[u], hbm_experts) for u, unit in enumerate(units) if unit.experts})
+        can = [u for u in sorted(shares) if shares[u]]
         for count in range(1, max_split_units + 1):
             for chosen in itertools.combinations(can, count):
-                options = [split_permille if u in chosen else whole[u] for u in range(len(units))]
+                options = [shares[u] if u in chosen else whole[u] for u in range(len(units))]
                 added = list(itertools.product(*options))
                 rows.extend(added)
                 in_policy.extend([True] * len(added))
@@ -239,25 +270,27 @@ class _PhaseFront:
     chain: np.ndarray  # [F] the sequential part alone (Eq. 4)
 
 
-def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str, vectors: list[tuple[tuple[str, ...], bool]],
-                  policy: Policy, max_split_units: int) -> list[_PhaseFront | None]:
-    """Per tier vector ((operand tiers, resident) in `vectors`), every allowed placement of one phase, priced,
-    reduced to its front (None when none is allowed).
+def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str,
+                  vectors: list[tuple[tuple[str, ...], bool, int]], policy: Policy,
+                  max_split_units: int) -> list[_PhaseFront | None]:
+    """Per tier vector ((operand tiers, resident, experts resident in HBM) in `vectors`), every allowed placement
+    of one phase, priced, reduced to its front (None when none is allowed).
 
-    Every split share of the grid is a candidate: a share past the time-optimal one is slower but streams less,
-    which a tight HBM budget may need (the staging buffer), so only dominance decides. Of placements equally fast
-    with equal staging and GPU use (the max() of Eq. 7 hides a shorter chain when streaming binds), a whole one is
-    kept over a split, then the shortest chain: it leaves the most slack.
+    Every split share of the grid is a candidate (and every CPU count of an MoE layer's experts unit): a share past
+    the time-optimal one is slower but streams less, which a tight HBM budget may need (the staging buffer), so
+    only dominance decides. Of placements equally fast with equal staging and GPU use (the max() of Eq. 7 hides a
+    shorter chain when streaming binds), a whole one is kept over a split, then the shortest chain: it leaves the
+    most slack.
     """
     allowed, split = policy.allowed(phase)
     fronts = []
-    for tiers, resident in vectors:
+    for tiers, resident, hbm_experts in vectors:
         permille, in_policy = phase_placements(cls, phase, tiers, costs.split_permille, allowed, split,
-                                               max_split_units, resident)
+                                               max_split_units, resident, hbm_experts)
         if permille.shape[0] == 0:
             fronts.append(None)
             continue
-        priced = layer_time(costs, cls, phase, tiers, permille)
+        priced = layer_time(costs, cls, phase, tiers, permille, hbm_experts)
         seconds, staging, valid, chain = priced.seconds, priced.staging_bytes, priced.valid, priced.chain_seconds
         rows = np.nonzero(valid)[0]
         if rows.size == 0:
@@ -306,18 +339,39 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     num_units = len(cls.units)
     weight_units = [i for i, op in enumerate(cls.operands) if op == "weights"]
     kv_choices = tiers if "kv" in cls.operands or cls.kv_cache_bytes else ("none",)
-    parts = []  # per tier vector: (weights, kv, memory, prefill rows, decode rows, arrays of the combinations)
-    layouts = []  # (weights, kv, operand tiers, resident)
-    for weight_tiers in itertools.product(tiers, repeat=len(weight_units)):
+    units = cls.prefill.units
+    # Per weight unit, (tier, experts resident in HBM): an MoE experts unit may keep some of its experts in HBM and
+    # the rest in a host tier (Eq. 21); every other unit has one tier. The router's few kB of weights follow its
+    # experts (in HBM when they all are, else in their host tier): a choice of its own would only double the
+    # configurations with near-twins that differ by those kB, which the master problem's levels solve badly.
+    expert_unit = next((u for u in weight_units if units[u].experts), None)
+    router = next((u for u in weight_units if cls.units[u] == "router"), None) if expert_unit is not None else None
+    choices = []
+    for u in weight_units:
+        experts = units[u].experts
+        if experts:
+            choices.append([(t, experts if t == "hbm" else r) for t in tiers
+                            for r in ((experts,) if t == "hbm" else expert_counts(experts, experts - 1))])
+        elif u != router:
+            choices.append([(t, 0) for t in tiers])
+    free_units = [u for u in weight_units if u != router]
+    parts = []  # per tier vector: (weights, kv, memory, prefill rows, decode rows, arrays of the combinations, experts)
+    layouts = []  # (weights, kv, operand tiers, resident, experts resident in HBM)
+    for weight_choice in itertools.product(*choices):
         weights = ["none"] * num_units
-        for unit, tier in zip(weight_units, weight_tiers):
+        hbm_experts = 0
+        for unit, (tier, resident_experts) in zip(free_units, weight_choice):
             weights[unit] = tier
+            hbm_experts = max(hbm_experts, resident_experts)
+        if router is not None:
+            weights[router] = weights[expert_unit]
+        weight_tiers = [weights[u] for u in weight_units]
         for kv in kv_choices:
             if not _allowed_tiers(cls, weight_tiers, kv, policy, resident_layers):
                 continue
             resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
-            layouts.append((tuple(weights), kv, operand_tiers(cls, tuple(weights), kv), resident))
-    vectors = [(operand, resident) for _, _, operand, resident in layouts]
+            layouts.append((tuple(weights), kv, operand_tiers(cls, tuple(weights), kv), resident, hbm_experts))
+    vectors = [(operand, resident, experts) for _, _, operand, resident, experts in layouts]
     fronts = {}
     for phase in ("prefill", "decode"):
         key = (cls.layer_class, phase)
@@ -328,7 +382,7 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         if memo is not None and phase in memo_phases:
             memo[key] = fronts[phase]
     prefill, decode = fronts["prefill"], fronts["decode"]
-    for (weights, kv, _, _), pre, dec in zip(layouts, prefill, decode):
+    for (weights, kv, _, _, hbm_experts), pre, dec in zip(layouts, prefill, decode):
         if pre is None or dec is None:
             continue
         # every (prefill, decode) pair: seconds add, staging is the larger, GPU use either
@@ -345,16 +399,22 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         chain = (pre.chain[:, None] + dec.chain[None, :]).ravel()[pairs]
         keep = pairs[_front(seconds.ravel()[pairs], staging.ravel()[pairs], uses_gpu.ravel()[pairs],
                             prefer=(splits, chain))]
-        memory = _tier_bytes(cls, weights, kv)
-        parts.append((tuple(weights), kv, memory, pre, dec, keep // dec.seconds.size, keep % dec.seconds.size))
+        memory = _tier_bytes(cls, weights, kv, hbm_experts)
+        parts.append((tuple(weights), kv, memory, pre, dec, keep // dec.seconds.size, keep % dec.seconds.size,
+                      hbm_experts))
     if not parts:
         return []
     # Across tier vectors: every configuration of a class holds the same bytes in all tiers together (each
     # tensor lives in exactly one), so one can use no more of every tier than another only with the same bytes in
-    # each; tier vectors with identical memory (units of equal size swapped) are merged into one front.
-    groups: dict[tuple[int, int, int], list[int]] = {}
+    # each; tier vectors with identical memory (units of equal size swapped) are merged into one front. An MoE
+    # layer's expert counts multiply its tier vectors; a host tier that could hold the whole model cannot bind, so
+    # there its bytes are left out of the key: vectors that differ only there merge too (twins the master problem
+    # would never offer).
+    roomy = _roomy_tiers(costs) if expert_unit is not None else ()
+    keyed = tuple(t for t in TIERS if t not in roomy)
+    groups: dict[tuple[int, ...], list[int]] = {}
     for k, p in enumerate(parts):
-        groups.setdefault((p[2]["hbm"], p[2]["ddr"], p[2]["cxl"]), []).append(k)
+        groups.setdefault(tuple(p[2][t] for t in keyed), []).append(k)
     rows = []  # (part, prefill row, decode row)
     for members in groups.values():
         index = np.concatenate([np.full(parts[k][5].size, k) for k in members])
@@ -380,45 +440,51 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
             prefill_seconds=float(pre.seconds[i]), decode_seconds=float(dec.seconds[j]),
             hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
             staging_bytes=int(max(pre.staging[i], dec.staging[j])),
-            uses_gpu=bool(pre.uses_gpu[i] or dec.uses_gpu[j])))
+            uses_gpu=bool(pre.uses_gpu[i] or dec.uses_gpu[j]), hbm_experts=parts[part][7]))
     return out
 
 
-def _tier_bytes(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> dict[str, int]:
-    """Bytes one layer keeps in each tier: its units' weights and its KV cache."""
+def _tier_bytes(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str, hbm_experts: int = 0) -> dict[str, int]:
+    """Bytes one layer keeps in each tier: its units' weights (an MoE experts unit's `hbm_experts` resident experts
+    in HBM, the others in its tier) and its KV cache."""
     memory = {"hbm": 0, "ddr": 0, "cxl": 0}
     for unit, tier in enumerate(weights):
         if tier != "none":
-            memory[tier] += cls.weight_bytes[unit]
+            spec = cls.prefill.units[unit]
+            resident = hbm_experts * spec.expert_slot_bytes if spec.experts else 0
+            memory["hbm"] += resident
+            memory[tier] += cls.weight_bytes[unit] - resident
     if kv_cache != "none":
         memory[kv_cache] += cls.kv_cache_bytes
     return memory
 
 
 def _config(weights, kv_cache, prefill, decode, prefill_seconds, decode_seconds, prefill_staging, decode_staging,
-            memory) -> LayerConfig:
+            memory, hbm_experts: int = 0) -> LayerConfig:
     return LayerConfig(weights=weights, kv_cache=kv_cache, prefill_cpu_permille=prefill, decode_cpu_permille=decode,
                        prefill_seconds=prefill_seconds, decode_seconds=decode_seconds, hbm_bytes=memory["hbm"],
                        ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
                        staging_bytes=int(np.ceil(max(prefill_staging, decode_staging))),
-                       uses_gpu=min(prefill) < 1000 or min(decode) < 1000)
+                       uses_gpu=min(prefill) < 1000 or min(decode) < 1000, hbm_experts=hbm_experts)
 
 
 def price_config(costs: CostGraph, cls: ClassCosts, weights: tuple[str, ...], kv_cache: str,
-                 prefill_cpu_permille: tuple[int, ...], decode_cpu_permille: tuple[int, ...]) -> LayerConfig | None:
-    """One given configuration of a layer of `cls`, priced as `layer_configs` prices its columns; None when the
-    rules forbid it (`price.layer_time` marks it invalid). Re-prices a plan's recorded choice without solving
+                 prefill_cpu_permille: tuple[int, ...], decode_cpu_permille: tuple[int, ...],
+                 hbm_experts: int = 0) -> LayerConfig | None:
+    """One given configuration of a layer of `cls` (with `hbm_experts` of an MoE layer's experts resident in HBM),
+    priced as `layer_configs` prices its columns; None when the rules forbid it (`price.layer_time` marks it
+    invalid). Re-prices a plan's recorded choice without solving
     (`liac.api.reprice_point`, tests/test_checked_in.py)."""
     operands = operand_tiers(cls, tuple(weights), kv_cache)
     priced = {}
     for phase, permille in (("prefill", prefill_cpu_permille), ("decode", decode_cpu_permille)):
-        time = layer_time(costs, cls, phase, operands, np.array([permille], dtype=np.int64))
+        time = layer_time(costs, cls, phase, operands, np.array([permille], dtype=np.int64), hbm_experts)
         if not time.valid[0]:
             return None
         priced[phase] = (float(time.seconds[0]), float(time.staging_bytes[0]))
     return _config(tuple(weights), kv_cache, tuple(prefill_cpu_permille), tuple(decode_cpu_permille),
                    priced["prefill"][0], priced["decode"][0], priced["prefill"][1], priced["decode"][1],
-                   _tier_bytes(cls, tuple(weights), kv_cache))
+                   _tier_bytes(cls, tuple(weights), kv_cache, hbm_experts), hbm_experts)
 
 
 def assemble_assignment(costs: CostGraph, choices: tuple[LayerChoice, ...]) -> Assignment:
@@ -436,6 +502,15 @@ def assemble_assignment(costs: CostGraph, choices: tuple[LayerChoice, ...]) -> A
                       objective_seconds=objective, tied_tier=tied_tier,
                       tied_bytes=costs.tied_weight_bytes if tied_tier != "none" else 0,
                       prefill_microbatch=costs.microbatch)
+
+
+def _roomy_tiers(costs: CostGraph) -> tuple[str, ...]:
+    """Host tiers whose budget holds every weight and KV cache of the model beside the host workspace: no choice of
+    configurations can exceed them."""
+    total = sum(cls.count * (sum(cls.weight_bytes) + cls.kv_cache_bytes) for cls in costs.classes)
+    host = max(cls.host_workspace_bytes for cls in costs.classes)
+    room = {"ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
+    return tuple(t for t in HOST_TIERS if t in costs.tiers and total <= room[t])
 
 
 def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) -> tuple[Assignment, SolverReport]:

@@ -3,10 +3,12 @@
 `solve_placement` does not take the search's word for it. After the master problem (passes/ilp_master.py) returns,
 this check
 
-1. re-prices every chosen configuration from the CostGraph (`price.layer_time` with its tiers and placement),
-   so the objective is what the cost model says the plan costs, not what the column generation stored;
-2. recomputes the bytes per tier from the model's unit sizes, the staging buffer from the re-priced streams and
-   the workspace, and checks every budget (Eq. 11) in exact integers;
+1. re-prices every chosen configuration from the CostGraph (`price.layer_time` with its tiers, placement and an
+   MoE layer's experts resident in HBM), so the objective is what the cost model says the plan costs, not what
+   the column generation stored;
+2. recomputes the bytes per tier from the model's unit sizes (an MoE experts unit's resident experts in HBM, the
+   others in its tier), the staging buffer from the re-priced streams and the workspace, and checks every budget
+   (Eq. 11) in exact integers;
 3. re-derives a lower bound for every staging level of the search (Eq. 12'): where a solve closed the level, its
    optimum (or the bound the ILP solver proved); elsewhere the Lagrangian bound under the certificate's
    multipliers, computed here from the configurations with its own loops. The least of them bounds every plan.
@@ -52,9 +54,13 @@ def check_solution(costs: CostGraph, assignment: Assignment, certificate: Certif
         cls = costs.layer_class(name)
         counts[name] = counts.get(name, 0) + count
         tiers = operand_tiers(cls, config.weights, config.kv_cache)
+        experts = _experts(cls)
+        if not 0 <= config.hbm_experts <= experts:
+            raise SolutionCheckError(f"solver check: {name} configuration keeps {config.hbm_experts} experts in HBM, "
+                                     f"the layer has {experts}")
         seconds = 0.0
         for phase in ("prefill", "decode"):
-            priced = layer_time(costs, cls, phase, tiers, np.array([config.cpu_permille(phase)]))
+            priced = layer_time(costs, cls, phase, tiers, np.array([config.cpu_permille(phase)]), config.hbm_experts)
             if not priced.valid[0]:
                 raise SolutionCheckError(f"solver check: {name} configuration {config} is not an allowed placement")
             seconds += float(priced.seconds[0])
@@ -81,15 +87,22 @@ def check_solution(costs: CostGraph, assignment: Assignment, certificate: Certif
     return 0.0 if gap <= GAP_TOLERANCE else gap
 
 
+def _experts(cls) -> int:
+    """The experts of an MoE layer's experts unit (0 without one)."""
+    return max((unit.experts for unit in cls.prefill.units), default=0)
+
+
 def _check_memory(costs: CostGraph, assignment: Assignment) -> None:
     """Bytes per tier from the units' sizes (not the configurations' fields), against every budget (Eq. 11)."""
     used = dict.fromkeys(TIERS, 0)
     ends = {}
     for name, config, count in assignment.choices:
         cls = costs.layer_class(name)
-        for unit, tier in enumerate(config.weights):
+        for unit, (tier, spec) in enumerate(zip(config.weights, cls.prefill.units)):
             if tier != "none":
-                used[tier] += cls.weight_bytes[unit] * count
+                resident = min(config.hbm_experts, spec.experts) * spec.expert_slot_bytes if spec.experts else 0
+                used["hbm"] += resident * count
+                used[tier] += (cls.weight_bytes[unit] - resident) * count
         if config.kv_cache != "none":
             used[config.kv_cache] += cls.kv_cache_bytes * count
         if name in ("embed", "head"):

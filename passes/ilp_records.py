@@ -50,6 +50,7 @@ class LayerConfig:
         hbm_bytes, ddr_bytes, cxl_bytes: bytes this layer keeps in each tier (weights and KV cache).
         staging_bytes: the most bytes it streams to the GPU in one step (Eq. 9).
         uses_gpu: whether any unit computes on the GPU (then the class's workspace is reserved in HBM).
+        hbm_experts: an MoE layer's experts resident in HBM (the others are in its experts unit's `weights` tier).
     """
 
     weights: tuple[str, ...]
@@ -63,6 +64,7 @@ class LayerConfig:
     cxl_bytes: int
     staging_bytes: int
     uses_gpu: bool
+    hbm_experts: int = 0
 
     @property
     def seconds(self) -> float:

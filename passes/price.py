@@ -34,13 +34,15 @@ import numpy as np
 from liac.errors import LiacError
 from liac.passes.costs import (SPLIT_PERMILLE, ClassCosts, CostGraph, EdgeCosts, Microbatch, PhaseCosts, TierBudgets,
                                UnitCosts, Workload, annotate_costs)
-from liac.plan import HOST_TIERS, PHASES, TIERS, LayerGroup, OffloadPlan, placement_of
+from liac.plan import (EXPERT_SLOTS, HOST_TIERS, PHASES, TIERS, LayerGroup, OffloadPlan, expert_placement,
+                       experts_from_permille, placement_of)
 from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
 __all__ = ["LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
            "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "layer_time", "unit_times",
-           "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing"]
+           "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
+           "group_hbm_experts"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -52,7 +54,7 @@ class LayerTime:
     """One layer of a class in one phase, for each of P placements (arrays of length P)."""
 
     seconds: np.ndarray  # Eq. 8: Eq. 7 summed over the phase's steps
-    staging_bytes: np.ndarray  # Eq. 9: the most bytes streamed to the GPU in one step
+    staging_bytes: np.ndarray  # Eq. 9: the most bytes one step stages on the GPU (streamed weights, KV, expert slots)
     valid: np.ndarray  # bool: the rules allow the placement (no CPU compute from HBM, splits from DDR/CXL only)
     chain_seconds: np.ndarray  # Eq. 4 summed: the sequential part alone (breaks ties the max() of Eq. 7 hides)
 
@@ -102,6 +104,7 @@ class GroupPrice:
     tiers: tuple[str, ...]  # per unit, the tier of its operand (`operand_tiers`)
     layer_seconds: dict[str, float]  # phase → one layer, summed over the phase's steps (Eq. 8)
     units: dict[str, tuple[UnitTime, ...]]  # phase → per unit
+    hbm_experts: int = 0  # an MoE layer's experts resident in HBM (its other experts are in the experts unit's tier)
 
     @property
     def name(self) -> str:
@@ -146,7 +149,7 @@ class PlanPrice:
         """One layer of `group` in `phase` at each row of `cpu_permille` [P, U] (the group's tiers kept)."""
         priced = self.group(group)
         cls = self.costs.layer_class(priced.group.layer_class)
-        return layer_time(self.costs, cls, phase, priced.tiers, cpu_permille)
+        return layer_time(self.costs, cls, phase, priced.tiers, cpu_permille, priced.hbm_experts)
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,14 @@ def _group_permille(group: LayerGroup, phase: str) -> tuple[int, ...]:
     return tuple(s.cpu_permille(phase) for s in group.sublayers)
 
 
+def group_hbm_experts(cls: ClassCosts, group: LayerGroup) -> int:
+    """How many of an MoE layer's experts a group keeps in HBM (0 for a class without an experts unit)."""
+    for unit, sub in zip(cls.prefill.units, group.sublayers):
+        if unit.experts:
+            return expert_placement(sub, unit.experts).hbm
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The terms of one unit
 
@@ -202,13 +213,16 @@ def share_transfer_seconds(seconds, fraction: np.ndarray, latency: float) -> np.
     return np.where(moved, fraction * (seconds - latency) + latency, 0.0)
 
 
-def _edge_seconds(costs: CostGraph, edge: EdgeCosts, shares: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _edge_seconds(costs: CostGraph, edge: EdgeCosts, shares: np.ndarray, partial: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Eqs. 2, 17: ([P, steps] H2D, [P, steps] D2H) of one activation edge: every device computing part of its
-    destination needs the parts of its source that it lacks."""
+    destination needs the parts of its source that it lacks. A source whose parts are partial sums (MoE experts,
+    `partial`) hands over its whole output from each device that computes part of it (Eq. 21)."""
     src, dst = shares[:, edge.src], shares[:, edge.dst]
+    cpu_part, gpu_part = (1.0 - src, src) if not partial else ((src < 1).astype(float), (src > 0).astype(float))
     latency = costs.pcie_latency_seconds
-    return (share_transfer_seconds(edge.h2d_seconds, (1.0 - src) * (dst > 0), latency),
-            share_transfer_seconds(edge.d2h_seconds, src * (dst < 1), latency))
+    return (share_transfer_seconds(edge.h2d_seconds, cpu_part * (dst > 0), latency),
+            share_transfer_seconds(edge.d2h_seconds, gpu_part * (dst < 1), latency))
 
 
 def _kv_write_seconds(costs: CostGraph, unit: UnitCosts, kv_tier: str, share: np.ndarray) -> np.ndarray:
@@ -229,10 +243,14 @@ def _kv_tier(cls: ClassCosts, tiers: tuple[str, ...]) -> str | None:
     return next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
 
 
-def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int) -> dict:
+def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
+                  hbm_experts: int = 0) -> dict:
     """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
-    'stream' bytes to the GPU, 'read' bytes the CPU reads from the tier, 'cpu' seconds the CPU computes and the
-    DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether the option is allowed."""
+    'stream' bytes to the GPU, 'staged' bytes it needs in the staging buffer, 'read' bytes the CPU reads from the
+    tier, 'cpu' seconds the CPU computes and the DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether
+    the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 21)."""
+    if unit.experts:
+        return _expert_options(costs, unit, tier, permille, steps, hbm_experts)
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
     ok = np.ones(permille.size, dtype=bool)
@@ -261,6 +279,46 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
             raise ValueError(f"unit '{unit.name}' is priced at CPU shares {costs.split_permille} permille, not {value}")
         else:
             ok[option] = False  # this unit cannot split
+    out["staged"] = out["stream"]  # Eq. 9: what it streams, it stages
+    out["ok"] = ok
+    return out
+
+
+def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
+                    hbm: int) -> dict:
+    """`_unit_options` of an MoE experts unit (Eq. 21): of its E experts, `hbm` are resident in HBM, and at a CPU
+    share `permille` the CPU computes c of the others from `tier` (1000 · c // E = permille), while the GPU computes
+    the resident ones and the s = E − hbm − c streamed ones. Streamed experts are copied only when routed, so after
+    the router: their expected routed bytes cross PCIe on the chain (the GPU meanwhile computing the resident
+    experts), one expert's compute after the last copy, and the copies need `EXPERT_SLOTS` slots in the staging
+    buffer. Both devices at once: the slower part plus the sync of a split (Eq. 15)."""
+    experts = unit.experts
+    tier_index = TIERS.index(tier)
+    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside")}
+    ok = np.ones(permille.size, dtype=bool)
+    one_expert = np.asarray(unit.expert_bytes, dtype=np.float64)
+    rate = _stream_rate(costs, tier) if tier in HOST_TIERS else 1.0
+    for option, value in enumerate(permille):
+        cpu_count = experts_from_permille(int(value), experts)
+        streamed = experts - hbm - cpu_count
+        gpu_count = experts - cpu_count
+        ok[option] = streamed >= 0 and (tier in HOST_TIERS or (hbm == experts and cpu_count == 0))
+        if not ok[option] or steps == 0:
+            continue
+        cpu = np.asarray(unit.expert_cpu_seconds[cpu_count][tier_index]) if cpu_count else np.zeros(steps)
+        gpu = np.asarray(unit.expert_gpu_seconds[gpu_count])
+        gpu_side = gpu
+        if streamed:
+            copy = streamed * one_expert / rate + costs.pcie_latency_seconds
+            gpu_side = np.maximum(copy, gpu) + np.asarray(unit.expert_gpu_seconds[1])  # the last expert after its copy
+            out["stream"][option] = streamed * one_expert
+            out["staged"][option] = min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes
+        both = cpu_count > 0 and gpu_count > 0
+        out["compute"][option] = np.maximum(cpu, gpu_side) + (costs.split_sync_seconds if both else 0.0)
+        out["cpu"][option] = cpu
+        if cpu_count:
+            out["beside"][option] = unit.expert_cpu_beside_bytes[cpu_count][tier_index]
+            out["read"][option] = cpu_count * one_expert
     out["ok"] = ok
     return out
 
@@ -306,7 +364,8 @@ def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
     return values.mean(axis=1)
 
 
-def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille) -> LayerTime:
+def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille,
+               hbm_experts: int = 0) -> LayerTime:
     """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement (Eqs. 4-9, 18, 20).
 
     A decode step is one pass of Eq. 7. A prefill is one pass over its micro-batches (Eq. 20): their chains, CPU
@@ -319,7 +378,9 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         phase: 'prefill' or 'decode'.
         tiers: per unit, the tier of its operand (`operand_tiers`).
         cpu_permille: [P, U] placements: per unit the CPU's share of its output features in permille (1000 = CPU,
-            0 = GPU, in between a split at one of `costs.split_permille`).
+            0 = GPU, in between a split at one of `costs.split_permille`; an MoE experts unit: 1000 · c // E for c
+            experts on the CPU).
+        hbm_experts: of an MoE layer's experts, how many are resident in HBM.
     """
     pc = cls.phase(phase)
     permille = np.asarray(cpu_permille, dtype=np.int64)
@@ -329,6 +390,7 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     chain = np.zeros((num, steps))
     stream_ddr = np.zeros((num, steps))
     stream_cxl = np.zeros((num, steps))
+    staged = np.zeros((num, steps))
     cpu_ddr = np.zeros((num, steps))
     cpu_seconds = np.zeros((num, steps))
     beside = np.zeros((num, steps))
@@ -338,11 +400,13 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     kv_beside = _overlapped_kv_write(phase, kv_tier)
     for index, unit in enumerate(pc.units):
         values, inverse = np.unique(permille[:, index], return_inverse=True)
-        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0)
+        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0, hbm_experts)
         valid &= options["ok"][inverse]
         if pc.steps == 0:
             continue
-        chain += options["compute"][inverse]  # Eqs. 1, 15
+        chain += options["compute"][inverse]  # Eqs. 1, 15, 21
+        if tiers[index] in HOST_TIERS:
+            staged += options["staged"][inverse]
         cpu_seconds += options["cpu"][inverse]
         beside += options["beside"][inverse]
         if tiers[index] == "ddr":
@@ -359,7 +423,7 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     if pc.steps == 0:
         return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
     for edge in pc.edges:
-        for seconds in _edge_seconds(costs, edge, shares):  # Eqs. 2, 17
+        for seconds in _edge_seconds(costs, edge, shares, bool(pc.units[edge.src].experts)):  # Eqs. 2, 17
             chain += seconds
     if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
         chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(v, pc, phase)[:, None]
@@ -370,12 +434,12 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
                                       costs.ddr_shared_gb_per_s)  # Eq. 18
     step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
-    staging = (stream_ddr + stream_cxl).max(axis=1)  # Eq. 9
+    staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
     return LayerTime(step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1))  # Eq. 8
 
 
 def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
-               cpu_permille: tuple[int, ...]) -> tuple[UnitTime, ...]:
+               cpu_permille: tuple[int, ...], hbm_experts: int = 0) -> tuple[UnitTime, ...]:
     """Per unit of one placement, its compute, transfer and stream seconds (decode: means over the steps; prefill:
     the pass, all its micro-batches).
 
@@ -395,7 +459,7 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         if pc.steps == 0:
             out.append(UnitTime(unit.name, device, 0.0, 0.0, 0.0))
             continue
-        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps)
+        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps, hbm_experts)
         transfer = np.zeros((1, pc.steps))
         stored = np.zeros((1, pc.steps))
         if kv_tier is not None:
@@ -406,10 +470,10 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
                 transfer += written
         for edge in pc.edges:
             if edge.dst == index:
-                for seconds in _edge_seconds(costs, edge, shares):
+                for seconds in _edge_seconds(costs, edge, shares, bool(pc.units[edge.src].experts)):
                     transfer += seconds
         stream = float(_per_pass(stored, pc, phase)[0])
-        if value < 1000 and tiers[index] in HOST_TIERS:
+        if value < 1000 and tiers[index] in HOST_TIERS:  # (routed experts: on the chain too)
             staged = float(np.max(options["stream"])) if phase == "prefill" else float(np.mean(options["stream"]))
             stream += staged / _stream_rate(costs, tiers[index])
         out.append(UnitTime(unit.name, device, float(_per_pass(options["compute"], pc, phase)[0]),
@@ -428,13 +492,14 @@ def price_groups(costs: CostGraph, layer_groups: tuple[LayerGroup, ...]) -> Plan
     for group in layer_groups:
         cls = costs.layer_class(group.layer_class)
         tiers = operand_tiers(cls, tuple(s.weights for s in group.sublayers), group.kv_cache)
+        hbm_experts = group_hbm_experts(cls, group)
         seconds, units = {}, {}
         for phase in PHASES:
             permille = _group_permille(group, phase)
-            seconds[phase] = float(layer_time(costs, cls, phase, tiers, np.array([permille])).seconds[0])
+            seconds[phase] = float(layer_time(costs, cls, phase, tiers, np.array([permille]), hbm_experts).seconds[0])
             totals[phase] += seconds[phase] * group.layer_count
-            units[phase] = unit_times(costs, cls, phase, tiers, permille)
-        groups.append(GroupPrice(group, tiers, seconds, units))
+            units[phase] = unit_times(costs, cls, phase, tiers, permille, hbm_experts)
+        groups.append(GroupPrice(group, tiers, seconds, units, hbm_experts))
     return PlanPrice(costs, tuple(groups), totals["prefill"], totals["decode"])
 
 
@@ -484,7 +549,8 @@ def plan_costs(plan: OffloadPlan, hw: HardwareProfile | str | None = None, graph
 
 def split_grid(plan: OffloadPlan) -> tuple[int, ...]:
     """The CPU shares (permille) to price a plan's split units at: the compiler's grid and every share it uses."""
-    shares = {s.cpu_permille(phase) for g in plan.spec.layer_groups for s in g.sublayers for phase in PHASES}
+    shares = {s.cpu_permille(phase) for g in plan.spec.layer_groups for s in g.sublayers for phase in PHASES
+              if s.name != "experts"}  # an experts unit's permille counts experts (Eq. 21), not a grid share
     return tuple(sorted(set(SPLIT_PERMILLE) | {p for p in shares if 0 < p < 1000}))
 
 
@@ -518,7 +584,8 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
             planned = gpu_shares(_group_permille(group, phase))
             for index, unit in enumerate(pc.units):
                 tier = priced.tiers[index]
-                whole = _unit_options(costs, unit, tier, np.array([1000, 0]), pc.steps)  # wholly on the CPU, GPU
+                whole = _unit_options(costs, unit, tier, np.array([1000, 0]), pc.steps,  # wholly on the CPU, GPU
+                                      priced.hbm_experts)
                 transfer = {}
                 for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
                     moved = planned.copy()
@@ -535,7 +602,7 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
                                      transfer_seconds_on_gpu=transfer[1.0], stream_seconds_on_gpu=stream,
                                      cpu_permille=permille,
                                      split_seconds=(priced.units[phase][index].compute_seconds
-                                                    if 0 < permille < 1000 else None)))
+                                                    if getattr(sub, phase) == "split" else None)))
     return out
 
 
@@ -550,7 +617,7 @@ def _unit_transfer_seconds(costs: CostGraph, pc: PhaseCosts, phase: str, index: 
         total += _kv_write_seconds(costs, pc.units[index], kv_tier, shares[:, index])
     for edge in pc.edges:
         if index in (edge.src, edge.dst):
-            for seconds in _edge_seconds(costs, edge, shares):
+            for seconds in _edge_seconds(costs, edge, shares, bool(pc.units[edge.src].experts)):
                 total += seconds
     return float(_per_pass(total, pc, phase)[0])
 

@@ -85,6 +85,11 @@ class Backend:
         """The stream that streams weights and KV into staging buffers (None when there are no streams)."""
         return None
 
+    def new_copy_stream(self):
+        """Another copy stream of its own (routed experts, copied while the prefetch stream is busy); None when
+        there are no streams."""
+        return None
+
     def on_stream(self, stream):
         return contextlib.nullcontext()
 
@@ -195,6 +200,9 @@ class CudaBackend(Backend):
 
     def copy_stream(self):
         return self._copy_stream
+
+    def new_copy_stream(self):
+        return torch.cuda.Stream(device=self.devices["gpu"])
 
     def on_stream(self, stream):
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()

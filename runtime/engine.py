@@ -47,7 +47,7 @@ from liac.sizes import GIB, numel
 __all__ = ["Engine", "Generation", "GpuBudget", "RandomWeights", "HostWeights", "SUPPORTED_FAMILIES",
            "check_request", "gpu_budget", "resolve_plan", "request_limits", "DTYPES"]
 
-SUPPORTED_FAMILIES = ("opt", "llama", "qwen2")
+SUPPORTED_FAMILIES = ("opt", "llama", "qwen2", "mixtral")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}  # = config.DTYPES
 
 
@@ -108,8 +108,7 @@ def resolve_plan(plan: OffloadPlan | str | os.PathLike) -> tuple[OffloadPlan, st
         raise LiacError(source, f"must be '{API_VERSION}', got '{plan.apiVersion}'", path="apiVersion")
     if plan.spec.model.family not in SUPPORTED_FAMILIES:
         raise LiacError(source, f"unsupported family '{plan.spec.model.family}': the runtime executes "
-                        + ", ".join(f"'{f}'" for f in SUPPORTED_FAMILIES) + " (Mixtral is frontend-only: it can be "
-                        "compiled and explained, not run)", path="spec.model.family")
+                        + ", ".join(f"'{f}'" for f in SUPPORTED_FAMILIES), path="spec.model.family")
     return plan, source
 
 
@@ -330,6 +329,11 @@ class Engine:
         if backend.emulated:
             notes.append(backend.describe())
         shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}
+
+        def copy_shape(canonical: str, tier: str) -> tuple[int, ...]:  # the rows of it this tier holds
+            _, rows = schedule.rows_of(canonical, tier, shapes[canonical])
+            return (rows,) + tuple(shapes[canonical][1:]) if shapes[canonical] else ()
+
         # With shared HostWeights, the tiers that are host memory here ('ddr', and 'cxl' without a CXL node) are
         # views of the shared arena: this engine allocates and fills only the other copies.
         in_shared = {"hbm": False, "ddr": shared is not None, "cxl": shared is not None and cxl.node is None}
@@ -337,7 +341,7 @@ class Engine:
         for canonical, tiers in schedule.weight_tiers.items():
             for tier in tiers:
                 if in_shared[tier]:
-                    shared_bytes[tier] += aligned(numel(shapes[canonical]) * itemsize)
+                    shared_bytes[tier] += aligned(numel(copy_shape(canonical, tier)) * itemsize)
         arena_bytes = {tier: nbytes - shared_bytes[tier] for tier, nbytes in schedule.tier_bytes.items()}
         budget = gpu_budget(plan, source, arena_bytes["hbm"], backend.gpu_context_bytes(), schedule.uses_gpu)
         if not options.enforce_budget:
@@ -354,8 +358,11 @@ class Engine:
             store = WeightStore()
             for canonical, tiers in sorted(schedule.weight_tiers.items()):
                 for tier in tiers:
-                    store.add(canonical, tier, shared.tensor(canonical) if in_shared[tier]
-                              else memory.take(tier, shapes[canonical], dtype))
+                    first, rows = schedule.rows_of(canonical, tier, shapes[canonical])
+                    tensor = shared.tensor(canonical)[first:first + rows] if in_shared[tier] and \
+                        (canonical, tier) in schedule.weight_rows else shared.tensor(canonical) if in_shared[tier] \
+                        else memory.take(tier, copy_shape(canonical, tier), dtype)
+                    store.add(canonical, tier, tensor, first, shapes[canonical][0] if shapes[canonical] else None)
             own = [(c, t) for c, tiers in sorted(schedule.weight_tiers.items()) for t in tiers if not in_shared[t]]
             fill(store, own, sum(store(c, t).numel() * itemsize for c, t in own))
             cpu_linear = choose_cpu_linear(_cpu_weights(schedule, store), options.cpu_kernel)
@@ -720,7 +727,10 @@ def _copy_from_shared(shared: HostWeights, store: WeightStore, own: list[tuple[s
     """Fill this engine's own copies ('hbm', or 'cxl' on a CXL node) from the shared host arena."""
     for canonical, tier in own:
         target = store(canonical, tier)
-        target.copy_(shared.tensor(canonical), non_blocking=True)  # from pinned memory: queued, one sync at the end
+        first = store.first_row(canonical, tier)
+        source = shared.tensor(canonical)
+        source = source[first:first + target.shape[0]] if target.shape != source.shape else source
+        target.copy_(source, non_blocking=True)  # from pinned memory: queued, one sync at the end
         progress.advance(target.numel() * target.element_size())
 
 
@@ -733,9 +743,13 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
                 continue
             for sublayer in op.sublayers:
                 for param in schedule.params[(op.layer_class, op.layer, sublayer)]:
-                    if len(param.shape) == 2 and (param.canonical, op.weights) not in seen:
-                        seen.add((param.canonical, op.weights))
+                    if (param.canonical, op.weights) in seen:
+                        continue
+                    seen.add((param.canonical, op.weights))
+                    if len(param.shape) == 2:
                         out.append(store(param.canonical, op.weights))
+                    elif op.experts is not None and op.experts.cpu:  # the experts the CPU computes, one by one
+                        out.extend(store(param.canonical, op.weights)[:op.experts.cpu])
     return out
 
 

@@ -19,6 +19,13 @@ epilogue (`_post`); its closure (`_split_step`, with what differs per kind in `S
 (CUDA launches return at once), computes the CPU part on the main thread's own OpenMP team meanwhile, and joins the
 parts where the schedule says (docs/runtime.md, "Split sublayers"). No second CPU thread: a worker thread with a
 team of its own competed with the main thread's for the same cores (/work/shared/hw/split-trace-2026-12-01).
+
+An MoE layer runs its router (`Router.route`: the normalised input, each token's experts and routing weights), then
+its experts op (`_experts_step`): the tokens are grouped by expert once per device (`group_by_expert`, the routing
+counts read on the host), the GPU's experts are launched first (resident ones from HBM, routed streamed ones as
+their copies land in the expert slots: `Streamer.routed_experts`), the CPU computes its experts from the host tier
+on the main thread meanwhile, and the partial sums are added to the residual on each device that reads the result
+(liac.models.mixtral's `experts_partial`: HF's math, expert by expert).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from torch import nn
 from liac.models import build_model
 from liac.models.config import ModelConfig
 from liac.models.layers import padded_causal_mask, padded_positions, rope_inv_freq
+from liac.models.mixtral import experts_partial, group_by_expert
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
@@ -704,10 +712,74 @@ def _lm_head_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     return step
 
 
+def _router_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    """An MoE router: the FFN's normalised input 'h', each token's experts 'ei' [B, Q, k] and weights 'ew'."""
+    module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        h, index, weights = module.route(vals["x"][dev])
+        vals["h"], vals["ei"], vals["ew"] = {dev: h}, {dev: index}, {dev: weights}
+    return step
+
+
+def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
+    """An MoE experts op (`ExpertRun`): experts [0, hbm) on the GPU from HBM, the next `cpu` on the CPU from the host
+    tier (on the main thread, after the GPU's experts are launched), the rest on the GPU from the expert slots, only
+    the routed ones copied; the devices' partial sums are added to the residual on each merge device."""
+    run, pre, transfer = op.experts, _moves_before(op), ex.backend.transfer
+    names = [p.canonical for p in ex.schedule.params[(op.layer_class, op.layer, "experts")]]  # gate_up, down
+    resident = [ex.tensors(name, "hbm") for name in names] if run.hbm else []
+    host = [ex.tensors(name, op.weights) for name in names] if run.hbm < run.num_experts else []
+    on_cpu = range(run.hbm, run.hbm + run.cpu)
+    streamed = range(run.hbm + run.cpu, run.num_experts)
+    kernels = {device: linear_kernel(device, ex.cpu_linear) for device in ("cpu", "gpu")}
+    streamer = ex.streamer
+
+    def host_expert(expert: int) -> list[torch.Tensor]:  # the host copy's row 0 is expert `hbm`
+        return [t[expert - run.hbm] for t in host]
+
+    def gpu_experts(counts: list[int]):
+        for expert in range(run.hbm):
+            yield expert, resident[0][expert], resident[1][expert]
+        routed = [expert for expert in streamed if counts[expert]]
+        if routed:
+            for expert, (gate_up, down) in streamer.routed_experts(stream_unit, routed, host_expert):
+                yield expert, gate_up, down
+
+    def part(device: str, vals: dict, counts: list[int]) -> torch.Tensor:
+        h = vals["h"][device]
+        routing = group_by_expert(vals["ei"][device], vals["ew"][device], counts)
+        experts = gpu_experts(counts) if device == "gpu" else ((e, *host_expert(e)) for e in on_cpu)
+        return experts_partial(h.reshape(-1, h.shape[-1]), routing, experts, kernels[device])
+
+    devices = run.devices()
+
+    def step(frame: Frame) -> None:
+        vals = frame.vals
+        _run_moves(transfer, vals, pre)
+        index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
+        counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
+        partial = {}
+        for device in sorted(devices, key=("gpu", "cpu").index):  # GPU launches return at once: the CPU works meanwhile
+            partial[device] = part(device, vals, counts)
+        out = {}
+        for device in run.merge_on:  # the partial sums meet here, then the residual (HF: residual + experts' sum)
+            total = None
+            for source, values in partial.items():
+                values = values if source == device else transfer(values, device, "merge")
+                total = values if total is None else total + values
+            residual = vals["x"][device]
+            out[device] = residual + total.view_as(residual)
+        vals["x"] = out
+    return step
+
+
 STEPS: dict[str, Callable[[Executor, Op, StreamUnit | None], Step]] = {
     "wait": _wait_step, "release": _release_step, "embed": _embed_step, "qkv": _qkv_step, "attn": _attention_step,
     "score": _score_step, "context": _context_step, "out_proj": _residual_step, "up": _up_step,
-    "down": _residual_step, "lm_head": _lm_head_step,
+    "down": _residual_step, "lm_head": _lm_head_step, "router": _router_step, "experts": _experts_step,
 }
 
 

@@ -15,12 +15,18 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
   * splits    (plan v2) a unit split by output features runs its CPU part from the weights' host tier and its
               GPU part from staging (only its rows [r, N) are streamed); a backward pass over the phase finds
               where later ops read its output, and the parts are joined there (and only there)
+  * experts   an MoE layer's router, then its experts op (`ExpertRun`): experts [0, hbm) on the GPU from HBM,
+              the next `cpu` on the CPU from the host tier, the rest streamed when routed through the expert
+              slots of the layer's staging buffer; a split one adds its parts' partial sums where later ops read
+              them. The stacked expert weights are held by rows: HBM holds experts [0, hbm), the host tier the
+              others (`weight_rows`)
   * bytes     per tier, for the host checks and the arenas (runtime/memory.py), before anything is allocated
   * micro-batches  the prefill's (plan v3): it runs layer by layer over micro-batches of `prefill_microbatch`
               sequences × prompt tokens (the executor cuts the batch; the ops are the same for every micro-batch)
 
 Values: 'ids' tokens, 'x' residual stream, 'q' 'k' 'v' from qkv, 'p' attention probabilities, 'o' attention
-output, 'h' FFN hidden, 'next' the greedy token for the following step.
+output, 'h' FFN hidden (MoE: the router's normalised input), 'ei' 'ew' each token's experts and routing weights,
+'next' the greedy token for the following step.
 """
 
 from __future__ import annotations
@@ -33,18 +39,20 @@ import torch
 from liac.errors import LiacError
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
-from liac.plan import HOST_TIERS, PHASES, TIERS, OffloadPlan
+from liac.plan import EXPERT_SLOTS, HOST_TIERS, PHASES, TIERS, OffloadPlan, expert_placement
 from liac.runtime.memory import HOME, aligned
 from liac.sizes import numel
 
-__all__ = ["Move", "Op", "Split", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo",
+__all__ = ["Move", "Op", "Split", "ExpertRun", "Piece", "StreamUnit", "PhaseSchedule", "Schedule", "ParamInfo",
            "build_schedule", "MODULE_OF", "model_params", "part_rows"]
 
 # Plan sublayer → attribute of its module in liac.models (layer modules, or the model for embed / lm_head).
 MODULE_OF = {"qkv": "qkv", "attn_score": "attn", "attn_context": "attn", "out_proj": "out_proj", "fc1": "fc1",
-             "gate_up": "gate_up", "fc2": "fc2", "down": "down", "embed": "embed", "lm_head": "lm_head"}
+             "gate_up": "gate_up", "fc2": "fc2", "down": "down", "embed": "embed", "lm_head": "lm_head",
+             "router": "router", "experts": "experts"}
 # Op kind of each decoder unit position: qkv, score, context, out_proj, up (fc1/gate_up), down (fc2/down).
 _KINDS = ("qkv", "score", "context", "out_proj", "up", "down")
+_MOE_KINDS = {"router": "router", "experts": "experts"}  # MoE units keep their own op kinds
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class Op:
     """One step of a phase.
 
     kind: 'embed', 'qkv', 'attn' (fused score + context), 'score', 'context', 'out_proj', 'up', 'down',
-        'lm_head', or 'wait' / 'release' (of stream unit `stream_unit`).
+        'router', 'experts', 'lm_head', or 'wait' / 'release' (of stream unit `stream_unit`).
     device: 'cpu', 'gpu', or 'split' (then `split` says how; its GPU part streams its rows when `streamed`).
     sublayers: plan sublayer names it covers (for metrics).
     weights: the tier of its weights ('none' for attention), `streamed` when it reads them from staging.
@@ -107,6 +115,28 @@ class Op:
     split: Split | None = None
     drops: tuple[str, ...] = ()  # values no later op of the pass reads: freed right after this op
     releases: int = -1  # a split op, its stream unit's last reader: releases that staging buffer itself
+    experts: ExpertRun | None = None
+
+
+@dataclass(frozen=True)
+class ExpertRun:
+    """An MoE experts op: of `num_experts`, experts [0, hbm) compute on the GPU from HBM, [hbm, hbm + cpu) on the
+    CPU from the host tier, and the rest on the GPU, each streamed (when routed) into one of the expert slots of
+    the layer's staging buffer. The partial sums of the devices that compute experts are added, with the
+    residual, on every device in `merge_on`."""
+
+    num_experts: int
+    hbm: int
+    cpu: int
+    merge_on: tuple[str, ...]
+
+    @property
+    def streamed(self) -> int:
+        return self.num_experts - self.hbm - self.cpu
+
+    def devices(self) -> tuple[str, ...]:
+        """The devices that compute experts."""
+        return (("cpu",) if self.cpu else ()) + (("gpu",) if self.hbm or self.streamed else ())
 
 
 @dataclass(frozen=True)
@@ -151,6 +181,7 @@ class StreamUnit:
     kv: tuple[tuple[str, int], ...] = ()              # ('k' | 'v', byte offset of the [B, G, C, E] window)
     nbytes: int = 0                                   # exact payload (no alignment padding)
     padded_bytes: int = 0
+    expert_slots: tuple[int, ...] = ()                # byte offset of each routed-expert slot (its gate_up, down)
 
 
 @dataclass(frozen=True)
@@ -166,7 +197,7 @@ class Schedule:
 
     phases: dict[str, PhaseSchedule]
     params: dict[tuple[str, int, str], tuple[ParamInfo, ...]]  # (class, layer, sublayer) → parameters
-    weight_tiers: dict[str, tuple[str, ...]]  # canonical parameter → tiers holding a copy
+    weight_tiers: dict[str, tuple[str, ...]]  # canonical parameter → tiers holding a copy (or rows of it)
     kv_tiers: tuple[str, ...]                 # per decoder layer
     kv_shape: tuple[int, int, int, int]       # [B, G, C, E] of one layer's K (and of V)
     itemsize: int
@@ -174,6 +205,13 @@ class Schedule:
     buffer_bytes: int
     tier_bytes: dict[str, int] = field(default_factory=dict)  # arena sizes: weights + KV (+ staging in 'hbm')
     prefill_microbatch: tuple[int, int] = (0, 0)  # (sequences, prompt tokens) per prefill micro-batch
+    # (canonical parameter, tier) → (first row, rows) of a copy holding only some rows of a stacked parameter (MoE
+    # experts: HBM holds experts [0, hbm), the host tier the others); absent: the whole parameter
+    weight_rows: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+
+    def rows_of(self, canonical: str, tier: str, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(first row, rows) of the parameter that its copy in `tier` holds."""
+        return self.weight_rows.get((canonical, tier), (0, shape[0] if shape else 1))
 
     @property
     def uses_gpu(self) -> bool:
@@ -317,9 +355,25 @@ def _layer_specs(cfg, phase, params, group, layer, decode_embed_device) -> list[
         specs.append(_Spec("context", group, layer, (names[2],), dev["context"],
                            needs=attn_needs("context", "p"), produces=("o",), extra={"kv_read": read["context"]}))
     specs.append(spec("out_proj", names[3], gemm_in="o", residual="x", produces=("x",)))
+    if names[4] in _MOE_KINDS:  # the router, then the experts split by count (not by features)
+        specs.append(_Spec("router", group, layer, (names[4],), placement[names[4]][0], gemm_in="x",
+                           produces=("h", "ei", "ew")))
+        specs.append(_experts_spec(cfg, group, layer, phase))
+        return specs
     specs.append(spec("up", names[4], gemm_in="x", produces=("h",)))
     specs.append(spec("down", names[5], gemm_in="h", residual="x", produces=("x",)))
     return specs
+
+
+def _experts_spec(cfg, group, layer: int, phase: str) -> _Spec:
+    """An MoE layer's experts op: its counts per device from the plan (`liac.plan.expert_placement`)."""
+    sub = next(s for s in group.sublayers if s.name == "experts")
+    placed = expert_placement(sub, cfg.num_experts)
+    run = ExpertRun(cfg.num_experts, placed.hbm, placed.cpu(phase), ())
+    devices = run.devices()
+    device = devices[0] if len(devices) == 1 else "split"
+    return _Spec("experts", group, layer, ("experts",), device, gemm_in="h", residual="x", needs=("ei", "ew"),
+                 produces=("x",), extra={"experts": run})
 
 
 def _parts(spec: _Spec) -> tuple[str, ...]:
@@ -371,11 +425,13 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
                              drops=drops[id(spec)]) for spec in specs]
         kv_stream = [which for spec in specs if spec.extra.get("kv_read") == "window"  # GPU attention over a
                      for which in {"attn": "kv", "score": "k", "context": "v"}[spec.kind]]  # host-tier cache
-        if not (streamed or kv_stream):
+        slots = [min(op.experts.streamed, EXPERT_SLOTS) for op in layer_ops if op.experts is not None]
+        expert_slots = (slots[0], params[(group.layer_class, layer, "experts")]) if slots and slots[0] else None
+        if not (streamed or kv_stream or expert_slots):
             ops.extend(layer_ops)
             continue
         stream = _stream_unit(len(stream_units), nbuf, (group.layer_class, layer), streamed, kv_stream,
-                              kv_window_bytes, itemsize)
+                              kv_window_bytes, itemsize, expert_slots)
         stream_units.append(stream)
         ops.extend(_bracketed(layer_ops, stream, group.name))
     return PhaseSchedule(phase, tuple(ops), tuple(stream_units))
@@ -402,7 +458,8 @@ def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Str
     gather = spec.extra.get("gather", False)
     if spec.device == "split":
         for device in ("cpu", "gpu"):
-            flow.need(spec.gemm_in, device, moves)
+            for value in (spec.gemm_in,) + spec.needs:
+                flow.need(value, device, moves)
         for device in spec.merge_on:
             if spec.residual:
                 flow.need(spec.residual, device, moves)
@@ -417,6 +474,10 @@ def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Str
     weights = {s.name: s.weights for s in group.sublayers}[spec.sublayers[0]]
     host_weights = weights in HOST_TIERS and not gather
     split = None
+    if spec.kind == "experts":  # routed experts are copied by the op itself, into the layer's expert slots
+        run = replace(spec.extra["experts"], merge_on=targets)
+        return Op(spec.kind, group.name, group.layer_class, layer, spec.device, spec.sublayers, weights,
+                  streamed=run.streamed > 0, moves=tuple(moves), experts=run)
     if spec.device == "split":
         split = Split(spec.cpu_features, spec.features, spec.merge_on)
         streamed.extend(_Streamed(p, weights, part_rows(spec.sublayers[0], p, "gpu", spec.cpu_features, spec.features))
@@ -461,8 +522,10 @@ def _gathers(group, phase: str) -> bool:
 
 
 def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_Streamed], kv_stream: list[str],
-                 kv_window_bytes: int, itemsize: int) -> StreamUnit:
-    """What one layer copies into staging buffer `index` mod `nbuf`: each parameter once, then its KV windows."""
+                 kv_window_bytes: int, itemsize: int, expert_slots=None) -> StreamUnit:
+    """What one layer copies into staging buffer `index` mod `nbuf`: each parameter once, then its KV windows, then
+    (`expert_slots` = (slots, the experts' parameters)) room for its routed experts, one expert's parameters per
+    slot, each parameter at an aligned offset."""
     offset, exact, placed = 0, 0, []
     seen = set()
     for param, tier, rows in streamed:
@@ -478,7 +541,17 @@ def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_St
         kv.append((which, offset))
         exact += kv_window_bytes
         offset += aligned(kv_window_bytes)
-    return StreamUnit(index, index % nbuf, key[0], key[1], tuple(placed), tuple(kv), exact, offset)
+    slot_offsets = []
+    if expert_slots:
+        count, expert_params = expert_slots
+        for _ in range(count):
+            slot_offsets.append(offset)
+            for param in expert_params:  # one expert: [rows of one expert...] of each stacked parameter
+                nbytes = numel(param.shape[1:]) * itemsize
+                exact += nbytes
+                offset += aligned(nbytes)
+    return StreamUnit(index, index % nbuf, key[0], key[1], tuple(placed), tuple(kv), exact, offset,
+                      tuple(slot_offsets))
 
 
 def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -> Schedule:
@@ -516,17 +589,23 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
         buffer_bytes = aligned(max(staging, max(u.padded_bytes for u in stream_units)))
 
     weight_tiers: dict[str, list[str]] = {}
+    weight_rows: dict[tuple[str, str], tuple[int, int]] = {}
     tier_bytes = {tier: 0 for tier in TIERS}
     for group in spec.layer_groups:
         for sub in group.sublayers:
             if sub.weights == "none":
                 continue
+            rows = _expert_rows(cfg, sub)
             for layer in range(group.first_layer, group.first_layer + group.layer_count):
                 for param in params[(group.layer_class, layer, sub.name)]:
                     tiers = weight_tiers.setdefault(param.canonical, [])
-                    if sub.weights not in tiers:  # a tied matrix in two tiers is held twice
-                        tiers.append(sub.weights)
-                        tier_bytes[sub.weights] += aligned(param.numel * itemsize)
+                    for tier, (first, count) in (rows or {sub.weights: (0, param.shape[0])}).items():
+                        if tier in tiers:  # a tied matrix in two tiers is held twice, once per tier
+                            continue
+                        tiers.append(tier)
+                        if rows:
+                            weight_rows[(param.canonical, tier)] = (first, count)
+                        tier_bytes[tier] += aligned(numel((count,) + param.shape[1:]) * itemsize)
     kv_tiers = []
     for group in spec.layer_groups:
         if group.layer_class == "decoder":
@@ -535,4 +614,16 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     tier_bytes["hbm"] += buffers * buffer_bytes
     microbatch = (spec.execution.prefill_microbatch_sequences, spec.execution.prefill_microbatch_tokens)
     return Schedule(phases, params, {k: tuple(v) for k, v in weight_tiers.items()}, tuple(kv_tiers), kv_shape,
-                    itemsize, buffers, buffer_bytes, tier_bytes, microbatch)
+                    itemsize, buffers, buffer_bytes, tier_bytes, microbatch, weight_rows)
+
+
+def _expert_rows(cfg: ModelConfig, sub) -> dict[str, tuple[int, int]] | None:
+    """An MoE experts unit's stacked parameters by rows (experts) per tier: {'hbm': (0, hbm), tier: (hbm, rest)};
+    None for every other unit (whole parameters)."""
+    if sub.name != "experts" or not cfg.num_experts:
+        return None
+    placed = expert_placement(sub, cfg.num_experts)
+    out = {"hbm": (0, placed.hbm)} if placed.hbm else {}
+    if placed.hbm < cfg.num_experts:
+        out[sub.weights] = (placed.hbm, cfg.num_experts - placed.hbm)
+    return out

@@ -16,16 +16,23 @@ and the sampling too). A stream unit with KV windows also waits for `kv_written`
 stream by `start` / `prime`: every K/V write of earlier passes (asynchronous GPU → pinned host copies) is then complete
 before the window copy reads the cache. Every call is appended to `log` when a list is given, which is how the
 tests check the order.
+
+Routed experts (an MoE layer's streamed experts) cannot be copied ahead: which ones a step needs is known only
+after its router. `routed_experts` copies them, in the experts op, on a copy stream of their own through the
+layer's expert slots (after its other streamed tensors in its staging buffer): slot j mod n takes routed expert j
+once expert j - n is computed, so the copy of the next expert overlaps the compute of the current one. Only the
+experts the step's tokens are routed to cross PCIe.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
 from liac.runtime.backend import Backend
 from liac.runtime.kvcache import KVCache
+from liac.runtime.memory import aligned
 from liac.runtime.schedule import StreamUnit
 from liac.sizes import numel
 
@@ -73,6 +80,8 @@ class Streamer:
         self.issued = 0  # stream units of the current pass already issued
         self._primed: _Primed | None = None  # copied ahead for the next pass
         self._copies: dict[int, list[_Copy]] = {}  # id(stream unit) → its copies, built once
+        self.expert_stream = backend.new_copy_stream()
+        self._expert_events: dict[tuple[int, int], tuple] = {}  # (buffer, expert slot) → (copied, freed) events
 
     # -- views into the buffers (the executor binds GPU modules to these once) ----------------------------------
     def view(self, slot: int, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -97,6 +106,51 @@ class Streamer:
                 out.append(_Copy(staged[row:row + count], src, src.numel() * src.element_size()))
                 row += count
         return out
+
+    def expert_slot(self, stream_unit: StreamUnit, index: int, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """The staged tensors of expert slot `index` of a stream unit: one per expert parameter, of `shapes`."""
+        offset, out = stream_unit.expert_slots[index], []
+        for shape in shapes:
+            out.append(self.view(stream_unit.slot, offset, shape))
+            offset += aligned(numel(shape) * self.itemsize)
+        return out
+
+    def routed_experts(self, stream_unit: StreamUnit, experts: list[int],
+                       sources: Callable[[int], list[torch.Tensor]]) -> Iterator[tuple[int, list[torch.Tensor]]]:
+        """Copy the routed `experts` (their host tensors: `sources(expert)`) through the stream unit's expert slots
+        (see the module docstring); yields (expert, its staged tensors) once its copy is on the compute stream's
+        side. The caller computes with them before asking for the next one."""
+        n = len(stream_unit.expert_slots)
+        backend, stream = self.backend, self.expert_stream
+        shapes = [tuple(t.shape) for t in sources(experts[0])]
+        slots = [self.expert_slot(stream_unit, j, shapes) for j in range(n)]
+        events = [self._expert_events.setdefault((stream_unit.slot, j), (backend.event(), backend.event()))
+                  for j in range(n)]
+        begun = backend.event()
+        begun.record()  # the slots' previous users are all enqueued before this on the compute stream
+
+        def issue(position: int) -> None:
+            slot = position % n
+            with backend.on_stream(stream):
+                (begun if position < n else events[slot][1]).wait(stream)
+                for staged, host in zip(slots[slot], sources(experts[position])):
+                    staged.copy_(host, non_blocking=True)
+                    nbytes = host.numel() * host.element_size()
+                    backend.transfers.count(nbytes, True, "experts")
+                    backend.transfers.streamed_bytes += nbytes
+                events[slot][0].record(stream)
+            if self.log is not None:
+                self.log.append(("expert", stream_unit.index, experts[position]))
+
+        for position in range(min(n, len(experts))):
+            issue(position)
+        for position, expert in enumerate(experts):
+            slot = position % n
+            events[slot][0].wait()
+            yield expert, slots[slot]
+            events[slot][1].record()  # its compute is enqueued: the slot may be refilled after it
+            if position + n < len(experts):
+                issue(position + n)
 
     # -- the protocol -------------------------------------------------------------------------------------------
     def start(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:

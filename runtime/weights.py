@@ -67,20 +67,36 @@ class Progress:
 
 
 class WeightStore:
-    """Every parameter's tensor in every tier the plan puts a copy in: (canonical name, tier) → tensor."""
+    """Every parameter's tensor in every tier the plan puts a copy in: (canonical name, tier) → tensor. A copy may
+    hold only some rows of its parameter (an MoE layer's experts split between HBM and DDR): `first_row` says which
+    row of the parameter its row 0 is."""
 
     def __init__(self):
         self.tensors: dict[tuple[str, str], torch.Tensor] = {}
-        self._by_name: dict[str, list[torch.Tensor]] = {}
+        self.first_rows: dict[tuple[str, str], int] = {}
+        self.numels: dict[str, int] = {}  # the whole parameter's elements
+        self._by_name: dict[str, list[tuple[torch.Tensor, int]]] = {}
 
-    def add(self, canonical: str, tier: str, tensor: torch.Tensor) -> None:
+    def add(self, canonical: str, tier: str, tensor: torch.Tensor, first_row: int = 0,
+            rows: int | None = None) -> None:
+        """`tensor` holds rows [first_row, first_row + len) of a parameter of `rows` rows (default: all of it)."""
         self.tensors[(canonical, tier)] = tensor
-        self._by_name.setdefault(canonical, []).append(tensor)
+        self.first_rows[(canonical, tier)] = first_row
+        self._by_name.setdefault(canonical, []).append((tensor, first_row))
+        per_row = tensor[0].numel() if tensor.dim() and tensor.shape[0] else 1
+        self.numels[canonical] = tensor.numel() if rows is None else rows * per_row
 
     def __call__(self, canonical: str, tier: str) -> torch.Tensor:
         return self.tensors[(canonical, tier)]
 
+    def first_row(self, canonical: str, tier: str) -> int:
+        return self.first_rows[(canonical, tier)]
+
     def copies(self, canonical: str) -> list[torch.Tensor]:
+        return [tensor for tensor, _ in self._by_name[canonical]]
+
+    def placed_copies(self, canonical: str) -> list[tuple[torch.Tensor, int]]:
+        """Every copy with the parameter row its row 0 is."""
         return self._by_name[canonical]
 
     def names(self) -> list[str]:
@@ -217,7 +233,7 @@ class Checkpoint:
                                 f"{list(shape)} for '{canonical}'")
             rows = sum(self.entries[p].shape[0] for p in parts)
             tails = {self.entries[p].shape[1:] for p in parts}
-            if len(tails) != 1 or (rows,) + tails.pop() != tuple(shape):
+            if len(tails) != 1 or (rows,) + tails.pop() not in (tuple(shape), _as_rows_shape(shape)):
                 got = " + ".join(str(list(self.entries[p].shape)) for p in parts)
                 raise LiacError(str(self.entries[parts[0]].file), f"tensor '{parts[0]}' has shape {got}: must be "
                                 f"{list(shape)} for '{canonical}'" if len(parts) == 1 else
@@ -243,22 +259,40 @@ class Checkpoint:
         self._handles.clear()
 
 
+def _as_rows_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A stacked parameter [E, R, C] as the rows its checkpoint tensors concatenate into: [E·R, C]."""
+    return (numel(shape[:-1]), shape[-1]) if len(shape) > 2 else tuple(shape)
+
+
+def _as_rows(tensor: torch.Tensor, first_row: int) -> tuple[torch.Tensor, int]:
+    """A copy as 2-D rows (a stacked [n, R, C] copy as [n·R, C]) and the first of the parameter's rows it holds."""
+    if tensor.dim() <= 2:
+        return tensor, first_row
+    per = numel(tensor.shape[1:-1])
+    return tensor.reshape(-1, tensor.shape[-1]), first_row * per
+
+
 def load_checkpoint(ckpt: Checkpoint, sources: dict[str, list[str]], store: WeightStore,
                     progress: Progress) -> None:
     """Fill every tier copy of every parameter from its source tensors (stacked along dim 0), chunk by chunk."""
     for canonical, parts in sources.items():
-        targets = store.copies(canonical)
+        targets = [_as_rows(tensor, first) for tensor, first in store.placed_copies(canonical)]
         row = 0
         for part in parts:
             shape = ckpt.entries[part].shape
-            row_bytes = max(1, numel(shape[1:]) * targets[0].element_size())
+            row_bytes = max(1, numel(shape[1:]) * targets[0][0].element_size())
             step = max(1, CHUNK_BYTES // row_bytes)
             for first in range(0, shape[0], step):
                 count = min(step, shape[0] - first)
-                chunk = ckpt.read_rows(part, first, count)
-                for target in targets:
-                    target[row + first:row + first + count].copy_(chunk)
-                progress.advance(count * row_bytes * len(targets))
+                chunk = None
+                for target, target_first in targets:  # the rows of [row + first, + count) this copy holds
+                    low = max(row + first, target_first)
+                    high = min(row + first + count, target_first + target.shape[0])
+                    if low >= high:
+                        continue
+                    chunk = ckpt.read_rows(part, first, count) if chunk is None else chunk
+                    target[low - target_first:high - target_first].copy_(chunk[low - row - first:high - row - first])
+                    progress.advance((high - low) * row_bytes)
             row += shape[0]
     ckpt.close()
 
@@ -276,11 +310,12 @@ def fill_random(store: WeightStore, seed: int, device: torch.device, progress: P
     """
     names = store.names()
     for canonical in names:
-        targets = store.copies(canonical)
-        flat = [t.view(-1) for t in targets]
+        targets = store.placed_copies(canonical)
+        # each copy's place in the parameter's flat values: a copy of some rows holds [start, start + numel)
+        flat = [(t.view(-1), first_row * (t[0].numel() if t.dim() else 1)) for t, first_row in targets]
         generator = torch.Generator(device=device).manual_seed(_seed(seed, canonical))
         norm_scale = ".norm.weight" in canonical  # LayerNorm / RMSNorm scales sit around 1
-        total = flat[0].numel()
+        total = store.numels[canonical]  # chunks as for the whole parameter: the same values in every copy
         step = max(1, CHUNK_BYTES // 4)
         for first in range(0, total, step):
             count = min(step, total - first)
@@ -290,9 +325,12 @@ def fill_random(store: WeightStore, seed: int, device: torch.device, progress: P
             # Cast where generated (torch would cast a GPU → host copy on the host, through a pageable fp32
             # buffer); into page-locked memory the copy is then a queued DMA (the caching allocator keeps `chunk`
             # alive for it on the stream). Same rounding either way: same values.
-            chunk = chunk.to(flat[0].dtype)
-            for target in flat:
-                target[first:first + count].copy_(chunk, non_blocking=target.is_pinned() or target.is_cuda)
-            progress.advance(count * flat[0].element_size() * len(flat))
+            chunk = chunk.to(flat[0][0].dtype)
+            for values, start in flat:
+                low, high = max(first, start), min(first + count, start + values.numel())
+                if low < high:
+                    values[low - start:high - start].copy_(chunk[low - first:high - first],
+                                                           non_blocking=values.is_pinned() or values.is_cuda)
+                    progress.advance((high - low) * values.element_size())
     if device.type == "cuda":
         torch.cuda.synchronize(device)

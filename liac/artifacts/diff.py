@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from liac.plan import PHASES
+from liac.plan import PHASES, expert_placement
 from liac.sweep import plan_files
 from liac.sizes import format_gib
 
@@ -127,8 +127,15 @@ def _placement_changes(a, b) -> list[Change]:
     table_a, table_b = layer_table(a), layer_table(b)
     if set(table_a) != set(table_b):  # different models: the identity changes say so
         return []
+    experts = a.model_config.num_experts
 
     def value(sub, attribute: str) -> str:
+        if sub.name == "experts" and experts:  # expert counts tell MoE placements apart
+            placed = expert_placement(sub, experts)
+            if attribute in PHASES:
+                return f"{getattr(sub, attribute)} ({placed.cpu(attribute)} of {experts} experts on the CPU)"
+            if attribute == "weights" and 0 < placed.hbm < experts:
+                return f"{sub.weights} ({placed.hbm} of {experts} experts in hbm)"
         if attribute in PHASES and getattr(sub, attribute) == "split":  # a split's share tells splits apart
             return f"split ({sub.cpu_permille(attribute)}‰ CPU)"
         return getattr(sub, attribute)

@@ -27,7 +27,7 @@ from liac.artifacts.footprint import group_tier_bytes
 from liac.artifacts.validate import BUDGET_FIELD, staging_buffers
 from liac.passes.costs import Microbatch
 from liac.passes.price import ddr_sharing, plan_costs, plan_profile, price_plan, unit_prices
-from liac.plan import PHASES
+from liac.plan import PHASES, expert_placement
 from liac.sizes import format_gib
 
 __all__ = ["UnitExplanation", "TierPressure", "GroupInfo", "Explanation", "explain_plan", "render_text"]
@@ -197,6 +197,27 @@ def _split_reason(price, deltas: dict, sharing) -> str:
             + f"; {ddr}; sync {sharing.split_sync_seconds * 1e6:.0f} µs")
 
 
+def _experts_reason(placed, phase: str, experts: int, tier: str, deltas: dict) -> str:
+    """Where an MoE layer's experts are (docs/cost-model.md Eq. 21), and what the layer would take with all its
+    non-resident experts on the CPU, or all streamed to the GPU, instead."""
+    cpu, streamed = placed.cpu(phase), placed.streamed(phase, experts)
+    where = [f"{placed.hbm} of {experts} experts resident in HBM"] if placed.hbm else []
+    if cpu:
+        where.append(f"{cpu} on the CPU from {tier.upper()}")
+    if streamed:
+        where.append(f"{streamed} streamed to the GPU when routed")
+    parts = []
+    for target, name in ((1000, "all on the CPU"), (0, "all on the GPU (the non-resident ones streamed)")):
+        delta = deltas.get(target)
+        if target == (1000 if cpu == experts else 0 if cpu == 0 else -1):
+            continue  # that is the plan
+        if delta is None:
+            parts.append(f"{name} not allowed" + (" (some are resident in HBM)" if target == 1000 else ""))
+        else:
+            parts.append(f"{name} the layer would take {_ms(abs(delta))} " + ("longer" if delta >= 0 else "less"))
+    return ", ".join(where) + (f"; {'; '.join(parts)}" if parts else "")
+
+
 def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
     profile = plan_profile(plan, hw)
@@ -214,6 +235,7 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
     used_hbm = next((u.used_bytes for u in plan.status.memory if u.tier == "hbm"), 0)
     hbm_free = spec.budgets.gpu_bytes - used_hbm
     buffers = staging_buffers(max(spec.execution.prefetch_depth, 1))
+    experts = plan.model_config.num_experts
     groups, units = [], []
     for group in spec.layer_groups:
         priced = price.group(group.name)
@@ -227,7 +249,8 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
             planned = np.array([s.cpu_permille(phase) for s in group.sublayers])
             rows, flips = [planned], []
             for i, permille in enumerate(planned):
-                targets = (1000, 0) if 0 < permille < 1000 else (1000 - permille,)
+                targets = (1000, 0) if 0 < permille < 1000 or (group.sublayers[i].name == "experts" and experts) \
+                    else (1000 - permille,)
                 flips.append([(len(rows) + k, target) for k, target in enumerate(targets)])
                 rows.extend(np.where(np.arange(len(planned)) == i, target, planned) for target in targets)
             moved = price.alternatives(group.name, phase, np.vstack(rows))
@@ -239,7 +262,11 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
                 tier = priced.tiers[index] if operand != "none" else "none"
                 deltas = {target: float(seconds[row] - seconds[0]) / steps if valid[row] else None
                           for row, target in flips[index]}
-                if unit.device == "split":
+                if sub.name == "experts" and experts:
+                    others = [d for t, d in deltas.items() if d is not None and t != planned[index]]
+                    delta = min(others, default=None)
+                    reason = _experts_reason(expert_placement(sub, experts), phase, experts, tier, deltas)
+                elif unit.device == "split":
                     delta = min((d for d in deltas.values() if d is not None), default=None)
                     reason = _split_reason(unit, deltas, sharing)
                 else:

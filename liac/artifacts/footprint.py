@@ -7,6 +7,9 @@ own bookkeeping (that is what they check). Weight bytes come from the reference 
     weights of a unit   = Σ numel(parameters of the unit's module) × bytes(dtype)      (norms attached included)
     KV cache of a layer = 2 (K and V) × batch × tokens × kv_heads × head_dim × bytes(dtype)
 
+An MoE `experts` unit's stacked expert weights ([E, ...] each) are counted per expert: its `experts.hbm` experts in
+HBM, the others in its `weights` tier (`liac.plan.expert_tier_counts`).
+
 The LM head of a tied model reads the embedding matrix: that matrix is counted once per tier that holds it (once
 when `embed` and `lm_head` share a tier, in both tiers when they do not — the runtime then needs two copies).
 """
@@ -18,7 +21,7 @@ from functools import lru_cache
 
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig
-from liac.plan import TIERS
+from liac.plan import TIERS, expert_tier_counts
 
 __all__ = ["DTYPE_BYTES", "TierFootprint", "unit_weight_bytes", "kv_bytes_per_layer", "kv_tokens", "tier_footprint",
            "group_tier_bytes"]
@@ -111,24 +114,40 @@ def tier_footprint(plan) -> dict[str, TierFootprint]:
         for sub in group.sublayers:
             if sub.weights not in weights:
                 continue
+            if group.layer_class == "decoder":
+                for tier, nbytes in _sublayer_tier_bytes(cfg, group.layer_class, sub).items():
+                    weights[tier] += nbytes * group.layer_count
+                continue
             for name, numel in params.get((group.layer_class, sub.name), ()):
-                if group.layer_class == "decoder":
-                    weights[sub.weights] += numel * size * group.layer_count
-                elif (name, sub.weights) not in shared:
+                if (name, sub.weights) not in shared:
                     shared.add((name, sub.weights))
                     weights[sub.weights] += numel * size
     return {tier: TierFootprint(tier, weights[tier], kv[tier]) for tier in TIERS}
 
 
+def _sublayer_tier_bytes(cfg: ModelConfig, layer_class: str, sub) -> dict[str, int]:
+    """Bytes one layer's unit keeps per tier: all in its `weights` tier, but an MoE experts unit's stacked experts
+    split between HBM and that tier by its expert counts."""
+    size = _dtype_bytes(cfg)
+    out: dict[str, int] = {}
+    for _, numel in _unit_parameters(cfg).get((layer_class, sub.name), ()):
+        if sub.name == "experts" and cfg.num_experts:
+            for tier, count in expert_tier_counts(sub, cfg.num_experts).items():
+                out[tier] = out.get(tier, 0) + numel // cfg.num_experts * count * size
+        else:
+            out[sub.weights] = out.get(sub.weights, 0) + numel * size
+    return out
+
+
 def group_tier_bytes(plan, group) -> dict[str, int]:
     """Bytes one layer of a decoder `group` of `plan` keeps per tier: its units' weights and its KV cache."""
     cfg = plan.model_config
-    weights = unit_weight_bytes(cfg)
     work = plan.spec.workload
     out = {tier: 0 for tier in TIERS}
     for sub in group.sublayers:
         if sub.weights in out:
-            out[sub.weights] += weights[(group.layer_class, sub.name)]
+            for tier, nbytes in _sublayer_tier_bytes(cfg, group.layer_class, sub).items():
+                out[tier] += nbytes
     if group.kv_cache in out:
         out[group.kv_cache] += kv_bytes_per_layer(cfg, work.batch_size, kv_tokens(work.prompt_len, work.gen_len))
     return out

@@ -120,8 +120,18 @@ def _layer_moves(a, b, attribute):
                     out[layer] = {s.name: label(s) for s in group.sublayers}
         return out
 
-    def label(sub):  # a split is told apart by the CPU's share
+    experts = a.model_config.num_experts
+
+    def label(sub):  # a split is told apart by the CPU's share, MoE experts by their counts
         value = getattr(sub, attribute)
+        if sub.name == "experts" and experts:
+            # the record's counts; a plan without one (compiled before expert counts) places all experts alike
+            if attribute == "weights":
+                hbm = sub.experts.hbm if sub.experts is not None else (experts if value == "hbm" else 0)
+                return f"{value} ({hbm} of {experts} experts in hbm)" if 0 < hbm < experts else value
+            cpu = getattr(sub.experts, attribute + "_cpu") if sub.experts is not None else \
+                (experts if value == "cpu" else 0)
+            return f"{value} ({cpu} of {experts} experts on the CPU)"
         return f"split ({sub.cpu_permille(attribute)}‰ CPU)" if value == "split" else value
     la, lb = per_layer(a), per_layer(b)
     counts = {}

@@ -1,11 +1,15 @@
 """Our reference models against HF transformers in fp32: same weights → same logits, full and incremental.
 
-Tiny configs built in code (no download); HF weights are randomised, copied into our layout with each family's
-`hf_weight_names` (q/k/v and gate/up concatenated), and both models run on the same token ids.
+Tiny configs built in code (no download); HF weights are randomised, saved as a checkpoint (the layout `hf_weight_names`
+reads: Mixtral's experts one tensor each, as on the Hub), copied into our layout with each family's
+`hf_weight_names` (q/k/v, gate/up and stacked experts concatenated), and both models run on the same token ids.
 """
+
+import tempfile
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from liac.models import build_model, family_module, from_hf_config
 from liac.models.layers import KVCache
@@ -49,8 +53,11 @@ def _pair(family: str):
             param.normal_(0.0, 0.3)  # large enough that a wrong sign, order or scale shows in the logits
     cfg = from_hf_config(hf_config.to_dict(), name=f"tiny-{family}")
     ours = build_model(cfg).eval()
-    state = hf.state_dict()
-    mapped = {mine: torch.cat([state[name] for name in theirs], dim=0)
+    with tempfile.TemporaryDirectory() as directory:  # the checkpoint layout (transformers 5 converts on save)
+        hf.save_pretrained(directory, safe_serialization=True)
+        state = load_file(f"{directory}/model.safetensors")
+    shapes = {name: tuple(p.shape) for name, p in ours.named_parameters()}
+    mapped = {mine: torch.cat([state[name] for name in theirs], dim=0).reshape(shapes[mine])
               for mine, theirs in family_module(family).hf_weight_names(cfg).items()}
     missing, unexpected = ours.load_state_dict(mapped, strict=False)
     tied = {"lm_head.proj.weight"} if cfg.tie_embeddings else set()

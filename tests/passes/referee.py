@@ -3,7 +3,9 @@
 Written apart from passes/ilp*.py, reusing only liac's per-layer pricing (`price.layer_time`): for every layer
 of every class it enumerates, with its own loops, every tier of every weight unit and of the KV cache and every
 placement per phase: each unit on the CPU or the GPU, or (at most one unit per phase, with its weights in DDR or
-CXL) split at every share of the cost graph's grid. Then it combines the layers one at a time, every choice for the
+CXL) split at every share of the cost graph's grid. An MoE experts unit's tier is (tier, experts resident in HBM)
+for every count, its split every count of experts on the CPU that leaves the GPU some, and a unit named 'router'
+keeps its experts' tier (the compiler's rule, docs/cost-model.md §3). Then it combines the layers one at a time, every choice for the
 next layer with every partial plan so far, keeping partial plans by (bytes per tier, largest stream, GPU use):
 of two with the same memory, the one no slower that streams no more and uses the GPU only if the other does is as
 good for every completion (the capacities bound those from above), so nothing that could be optimal is dropped.
@@ -26,27 +28,36 @@ from liac.plan import TIERS
 __all__ = ["referee_optimum", "layer_choices"]
 
 
-def _placements(cls: ClassCosts, phase: str, operand_tiers: tuple[str, ...], grid: tuple[int, ...]):
-    """Every placement of one phase as CPU permille per unit (1000 = CPU, 0 = GPU, in between a split)."""
+def _placements(cls: ClassCosts, phase: str, operand_tiers: tuple[str, ...], grid: tuple[int, ...], hbm: int = 0):
+    """Every placement of one phase as CPU permille per unit (1000 = CPU, 0 = GPU, in between a split); an experts
+    unit with `hbm` experts resident splits by count."""
     units = cls.phase(phase).units
     whole = []
     for unit, tier in zip(units, operand_tiers):
-        whole.append((0, 1000) if tier != "hbm" or unit.cpu_allows_hbm else (0,))
+        cpu_ok = (tier != "hbm" or unit.cpu_allows_hbm) and not (unit.experts and hbm)
+        whole.append((0, 1000) if cpu_ok else (0,))
     rows = list(itertools.product(*whole))
     for index, (unit, tier) in enumerate(zip(units, operand_tiers)):
-        if not unit.can_split or tier not in ("ddr", "cxl"):
+        if tier not in ("ddr", "cxl"):
+            continue
+        if unit.experts:
+            shares = [1000 * c // unit.experts for c in range(1, unit.experts - hbm + 1)
+                      if 1000 * c // unit.experts < 1000]
+        elif unit.can_split:
+            shares = grid
+        else:
             continue
         others = [options for k, options in enumerate(whole) if k != index]
         for rest in itertools.product(*others):
-            for share in grid:
+            for share in shares:
                 rows.append(rest[:index] + (share,) + rest[index:])
     return np.array(rows, dtype=np.int64)
 
 
-def _phase_options(costs, cls, phase, operand_tiers):
+def _phase_options(costs, cls, phase, operand_tiers, hbm=0):
     """(seconds, staging, uses GPU) of every valid placement of one phase, exactly dominated ones dropped."""
-    permille = _placements(cls, phase, operand_tiers, costs.split_permille)
-    priced = layer_time(costs, cls, phase, operand_tiers, permille)
+    permille = _placements(cls, phase, operand_tiers, costs.split_permille, hbm)
+    priced = layer_time(costs, cls, phase, operand_tiers, permille, hbm)
     seconds, staging, valid = priced.seconds, priced.staging_bytes, priced.valid
     rows = [(float(s), int(np.ceil(g)), bool((p < 1000).any()))
             for s, g, ok, p in zip(seconds, staging, valid, permille) if ok]
@@ -97,11 +108,20 @@ def _staircase(group, seconds, staging, gpu) -> np.ndarray:
 def layer_choices(costs: CostGraph, cls: ClassCosts):
     """Every choice for one layer of `cls`, as rows (seconds, hbm, ddr, cxl, staging, gpu, weights tier index)."""
     tiers = costs.tiers
+    specs = cls.prefill.units
     weight_units = [k for k, op in enumerate(cls.operands) if op == "weights"]
+    expert_unit = next((k for k in weight_units if specs[k].experts), None)
+    router = next((k for k in weight_units if cls.units[k] == "router"), None) if expert_unit is not None else None
     has_kv = "kv" in cls.operands
     out = []
     for weight_tiers in itertools.product(tiers, repeat=len(weight_units)):
-        for kv in (tiers if has_kv else ("none",)):
+        chosen = dict(zip(weight_units, weight_tiers))
+        if router is not None and chosen[router] != chosen[expert_unit]:
+            continue
+        experts = specs[expert_unit].experts if expert_unit is not None else 0
+        hbm_counts = (0,) if expert_unit is None else \
+            (experts,) if chosen[expert_unit] == "hbm" else tuple(range(experts))
+        for hbm, kv in itertools.product(hbm_counts, tiers if has_kv else ("none",)):
             operand = ["ddr"] * len(cls.units)
             for unit, tier in zip(weight_units, weight_tiers):
                 operand[unit] = tier
@@ -111,11 +131,13 @@ def layer_choices(costs: CostGraph, cls: ClassCosts):
             operand = tuple(operand)
             memory = dict.fromkeys(TIERS, 0)
             for unit, tier in zip(weight_units, weight_tiers):
-                memory[tier] += cls.weight_bytes[unit]
+                resident = hbm * specs[unit].expert_slot_bytes if unit == expert_unit else 0
+                memory["hbm"] += resident
+                memory[tier] += cls.weight_bytes[unit] - resident
             if has_kv:
                 memory[kv] += cls.kv_cache_bytes
-            prefill = _phase_options(costs, cls, "prefill", operand)
-            decode = _phase_options(costs, cls, "decode", operand)
+            prefill = _phase_options(costs, cls, "prefill", operand, hbm)
+            decode = _phase_options(costs, cls, "decode", operand, hbm)
             pairs = _undominated([(p[0] + d[0], max(p[1], d[1]), p[2] or d[2]) for p in prefill for d in decode])
             first = TIERS.index(weight_tiers[0]) if weight_tiers else -1
             out.extend((s, memory["hbm"], memory["ddr"], memory["cxl"], g, int(u), first) for s, g, u in pairs)

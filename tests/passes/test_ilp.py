@@ -3,9 +3,11 @@
 The brute force below is written apart from passes/ilp.py and passes/costs.py's vectorised code: plain itertools
 over every (weights tier per unit, KV tier, prefill placement, decode placement) of every layer, where a unit's
 placement is the CPU, the GPU, or a split at any CPU share of the cost graph's grid (at most `max_split` split
-units per phase), each evaluated from the CostGraph's numbers with its own loops (Eqs. 1-9, 15-17), then every
+units per phase), each evaluated from the CostGraph's numbers with its own loops (Eqs. 1-9, 15-17, 20), then every
 combination over the layers, the embedding and the head checked against the capacities (Eqs. 10-12). No Pareto
-pruning, no solver, no symmetry.
+pruning, no solver, no symmetry. An MoE experts unit's "tier" is (tier, experts resident in HBM) and its placement
+a count of experts on the CPU (a split when the GPU computes some too, at every count), and a unit named 'router'
+keeps its experts' tier (docs/cost-model.md §3).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from liac.passes.costs import (ClassCosts, CostGraph, EdgeCosts, Microbatch, Pha
                                Workload, annotate_costs)
 from liac.passes.ilp import POLICIES, SolverOptions, phase_placements, solve_placement
 from liac.passes.price import layer_time, operand_tiers
-from liac.plan import TIERS
+from liac.plan import EXPERT_SLOTS, TIERS
 from liac.profile import resolve_profile
 from liac.sizes import GIB
 
@@ -55,12 +57,42 @@ def dma_stretch(chain: float, cpu: float, beside: float, cpu_ddr: float, from_dd
     return chain + slow + (deficit - shared * slow) / h2d
 
 
-def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, permille: tuple):
-    """(seconds summed over steps, most bytes streamed in a step) of one layer, or None when not allowed."""
+def cpu_experts(value: int, experts: int) -> int:
+    """The experts a CPU share of `value` permille computes: the count c with 1000·c // E = value."""
+    return next(c for c in range(experts + 1) if 1000 * c // experts == value)
+
+
+def eval_experts(costs: CostGraph, unit: UnitCosts, tier: str, hbm: int, value: int, step: int):
+    """Eq. 21 by hand: (chain seconds, CPU seconds, beside bytes, streamed bytes, CPU-read bytes, staged bytes) of
+    an experts unit with `hbm` experts resident and a CPU count from `value`, or None when not allowed."""
+    experts = unit.experts
+    cpu = cpu_experts(value, experts)
+    streamed, gpu = experts - hbm - cpu, experts - cpu
+    if streamed < 0 or (tier == "hbm" and (hbm != experts or cpu)):
+        return None
+    index = TIERS.index(tier)
+    cpu_seconds = unit.expert_cpu_seconds[cpu][index][step] if cpu else 0.0
+    gpu_side = unit.expert_gpu_seconds[gpu][step]
+    moved = streamed * unit.expert_bytes[step]
+    if streamed:
+        rate = (costs.h2d_gb_per_s if tier == "ddr" else costs.cxl_stream_gb_per_s) * GB
+        gpu_side = max(moved / rate + costs.pcie_latency_seconds, gpu_side) + unit.expert_gpu_seconds[1][step]
+    chain = max(cpu_seconds, gpu_side) + (costs.split_sync_seconds if cpu and gpu else 0.0)
+    beside = unit.expert_cpu_beside_bytes[cpu][index][step] if cpu else 0.0
+    return (chain, cpu_seconds, beside, moved, cpu * unit.expert_bytes[step],
+            min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes)
+
+
+def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, permille: tuple, hbm: int = 0):
+    """(seconds summed over steps, most bytes staged in a step) of one layer, or None when not allowed."""
     pc = cls.phase(phase)
     grid = costs.split_permille
     for index, unit in enumerate(pc.units):
         value, tier = permille[index], unit_tier[index]
+        if unit.experts:
+            if eval_experts(costs, unit, tier, hbm, value, 0) is None:
+                return None
+            continue
         if value == 1000 and tier == "hbm" and not unit.cpu_allows_hbm:
             return None
         if 0 < value < 1000 and (tier not in ("ddr", "cxl") or not unit.split_gpu_seconds or value not in grid):
@@ -70,10 +102,15 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
     gpu_share = [1 - v / 1000 for v in permille]
     steps = []  # per step: chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store
     for step in range(pc.steps):
-        chain = from_ddr = from_cxl = cpu_ddr = cpu = beside = store = 0.0
+        chain = from_ddr = from_cxl = cpu_ddr = cpu = beside = store = staged = 0.0
         for index, unit in enumerate(pc.units):
             tier, value = unit_tier[index], permille[index]
-            if value == 0:
+            if unit.experts:
+                link, cpu_part, room, moved, read, slots = eval_experts(costs, unit, tier, hbm, value, step)
+                chain += link
+                cpu += cpu_part
+                beside += room
+            elif value == 0:
                 chain += unit.gpu_seconds[step]
                 moved, read = unit.stream_bytes[step], 0.0
             elif value == 1000:
@@ -93,6 +130,8 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
                 cpu_ddr += read
             elif tier == "cxl":
                 from_cxl += moved
+            if tier in ("ddr", "cxl"):
+                staged += slots if unit.experts else moved
             if kv_tier == "hbm":
                 chain += part(unit.kv_to_gpu_seconds[step], 1 - gpu_share[index], lat)
             elif kv_tier is not None and phase == "prefill":  # Eq. 20: on the store stream, beside the compute
@@ -101,42 +140,55 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
                 chain += part(unit.kv_to_host_seconds[step], gpu_share[index], lat)
         for edge in pc.edges:
             src, dst = gpu_share[edge.src], gpu_share[edge.dst]
+            cpu_made, gpu_made = 1 - src, src
+            if pc.units[edge.src].experts:  # partial sums: each device that computes experts hands over all of it
+                cpu_made, gpu_made = float(src < 1), float(src > 0)
             if dst > 0:  # the GPU computes (part of) dst: it needs what the CPU made of src
-                chain += part(edge.h2d_seconds[step], 1 - src, lat)
+                chain += part(edge.h2d_seconds[step], cpu_made, lat)
             if dst < 1:
-                chain += part(edge.d2h_seconds[step], src, lat)
-        steps.append([chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store])
+                chain += part(edge.d2h_seconds[step], gpu_made, lat)
+        steps.append([chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged])
     if phase == "prefill" and steps:  # Eq. 20: one pass over the micro-batches, the weights staged once
         repeats = pc.repeats or (1,) * pc.steps
-        summed = [sum(r * row[k] for r, row in zip(repeats, steps)) for k in range(7)]
-        for k in (1, 2):
+        summed = [sum(r * row[k] for r, row in zip(repeats, steps)) for k in range(8)]
+        for k in (1, 2, 7):
             summed[k] = max(row[k] for row in steps)
         steps = [summed]
     total = most = 0.0
-    for chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store in steps:
+    for chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged in steps:
         stream = from_ddr / (costs.h2d_gb_per_s * GB) + from_cxl / (costs.cxl_stream_gb_per_s * GB)
         shared = (cpu_ddr + from_ddr) / (costs.ddr_shared_gb_per_s * GB)
         fitted = dma_stretch(chain, cpu, beside, cpu_ddr, from_ddr, costs.h2d_gb_per_s * GB,
                              costs.ddr_shared_gb_per_s * GB)
         total += max(chain, stream, shared, fitted, store)
-        most = max(most, from_ddr + from_cxl)
+        most = max(most, staged)
     return total, math.ceil(most)
 
 
-def phase_options(costs, cls, phase, unit_tier, max_split, policy_masks, cache):
+def phase_options(costs, cls, phase, unit_tier, max_split, policy_masks, cache, hbm=0):
     """Every allowed placement of one phase with its (seconds, staging): whole placements (the policy's, when
-    given) and, without a policy, up to `max_split` split units at every share of the grid."""
+    given) and, without a policy, up to `max_split` split units at every share of the grid (an experts unit: at
+    every count of experts on the CPU that leaves the GPU some)."""
     units = len(cls.units)
+    pc = cls.phase(phase)
     out = []
     whole = [tuple(1000 * (1 - g) for g in mask) for mask in policy_masks] if policy_masks is not None else \
         list(itertools.product((0, 1000), repeat=units))
     candidates = list(whole)
-    if policy_masks is None and costs.split_permille:
+
+    def shares_of(u):
+        unit = pc.units[u]
+        if unit.experts:  # every count of experts that leaves the GPU some
+            return [1000 * c // unit.experts for c in range(1, unit.experts - hbm + 1)
+                    if 1000 * c // unit.experts < 1000]
+        return list(costs.split_permille)
+
+    if policy_masks is None:
         for count in range(1, max_split + 1):
             for chosen in itertools.combinations(range(units), count):
                 others = [u for u in range(units) if u not in chosen]
                 for rest in itertools.product((0, 1000), repeat=len(others)):
-                    for shares in itertools.product(costs.split_permille, repeat=count):
+                    for shares in itertools.product(*[shares_of(u) for u in chosen]):
                         placement = [0] * units
                         for u, v in zip(others, rest):
                             placement[u] = v
@@ -144,9 +196,9 @@ def phase_options(costs, cls, phase, unit_tier, max_split, policy_masks, cache):
                             placement[u] = v
                         candidates.append(tuple(placement))
     for placement in candidates:
-        key = (phase, unit_tier, placement)
+        key = (phase, unit_tier, placement, hbm)
         if key not in cache:
-            cache[key] = eval_phase(costs, cls, phase, unit_tier, placement)
+            cache[key] = eval_phase(costs, cls, phase, unit_tier, placement, hbm)
         if cache[key] is not None:
             out.append((placement, *cache[key]))
     return out
@@ -158,9 +210,19 @@ def local_options(costs: CostGraph, cls: ClassCosts, allowed=None, max_split=1):
     units = len(cls.units)
     weight_units = [i for i, op in enumerate(cls.operands) if op == "weights"]
     has_kv = "kv" in cls.operands
+    experts = {u: cls.prefill.units[u].experts for u in weight_units if cls.prefill.units[u].experts}
+    router = [u for u in weight_units if cls.units[u] == "router" and experts]
+    choices = [[(t, n if t != "hbm" else experts[u]) for t in tiers for n in range(experts[u] + 1)
+                if (t == "hbm") == (n == experts[u])] if u in experts else [(t, 0) for t in tiers]
+               for u in weight_units if u not in router]
     rows = []
     cache = {}
-    for weight_tiers in itertools.product(tiers, repeat=len(weight_units)):
+    for picked in itertools.product(*choices):
+        picked = dict(zip([u for u in weight_units if u not in router], picked))
+        for u in router:  # the router keeps its experts' tier
+            picked[u] = (next(picked[e][0] for e in experts), 0)
+        weight_tiers = [picked[u][0] for u in weight_units]
+        hbm = max((picked[u][1] for u in experts), default=0)
         for kv in (tiers if has_kv else ("none",)):
             unit_tier = ["ddr"] * units
             for unit, tier in zip(weight_units, weight_tiers):
@@ -172,11 +234,13 @@ def local_options(costs: CostGraph, cls: ClassCosts, allowed=None, max_split=1):
             resident = all(t == "hbm" for t in weight_tiers) and kv in ("hbm", "none")
             memory = dict.fromkeys(TIERS, 0)
             for unit, tier in zip(weight_units, weight_tiers):
-                memory[tier] += cls.weight_bytes[unit]
+                in_hbm = hbm * cls.prefill.units[unit].expert_slot_bytes if unit in experts else 0
+                memory["hbm"] += in_hbm
+                memory[tier] += cls.weight_bytes[unit] - in_hbm
             if has_kv:
                 memory[kv] += cls.kv_cache_bytes
             if allowed is None:
-                pairs = itertools.product(*[phase_options(costs, cls, phase, unit_tier, max_split, None, cache)
+                pairs = itertools.product(*[phase_options(costs, cls, phase, unit_tier, max_split, None, cache, hbm)
                                             for phase in ("prefill", "decode")])
             else:
                 pairs = list(itertools.product(*[phase_options(costs, cls, phase, unit_tier, 0, allowed[n], cache)
@@ -241,11 +305,25 @@ def brute_force(costs: CostGraph, allowed=None, max_split=1) -> float | None:
 
 
 def synthetic(seed: int, layers: int, decoder_ops: tuple[str, ...], cxl: bool, split=(),
-              roomy_ddr: bool = False) -> CostGraph:
+              roomy_ddr: bool = False, names: tuple[str, ...] | None = None) -> CostGraph:
     """Random prices; with a `split` grid, the decoder's and the head's weight units get random split prices
     around their whole ones (each part its share of the work, give or take 30 %). `roomy_ddr`: DDR holds
-    everything, so HBM is the only capacity that can bind (the master problem's levels go to the knapsack)."""
+    everything, so HBM is the only capacity that can bind (the master problem's levels go to the knapsack). An
+    'experts' op is an MoE experts unit of 3 experts with random prices per count; `names` names the decoder's
+    units (default u0, u1, ...: a 'router' keeps its experts' tier)."""
     rng = np.random.default_rng(seed)
+
+    def expert_prices(cpu, gpu, moved, experts=3):
+        grow = rng.uniform(0.6, 1.4, experts + 1)  # n experts: n/E of the work, give or take
+        return {"experts": experts,
+                "expert_cpu_seconds": tuple(tuple(tuple(v * n / experts * grow[n] + 0.01 * bool(n) for v in row)
+                                                  for row in cpu) for n in range(experts + 1)),
+                "expert_cpu_beside_bytes": tuple(tuple(tuple(v * n / experts * rng.uniform(0.0, 2.0) * 1e9
+                                                             for v in row) for row in cpu) for n in range(experts + 1)),
+                "expert_gpu_seconds": tuple(tuple(v * n / experts * grow[n] + 0.01 * bool(n) for v in gpu)
+                                            for n in range(experts + 1)),
+                "expert_bytes": tuple(v / experts * rng.uniform(0.3, 1.0) for v in moved),
+                "expert_slot_bytes": GIB // 2}
 
     def values(n, low, high):
         return tuple(float(v) for v in rng.uniform(low, high, n))
@@ -270,13 +348,16 @@ def synthetic(seed: int, layers: int, decoder_ops: tuple[str, ...], cxl: bool, s
             for index, op in enumerate(ops):
                 cpu_ddr = values(steps, 0.5, 3.0)
                 cpu = (cpu_ddr, cpu_ddr, tuple(v * rng.uniform(1.0, 2.5) for v in cpu_ddr))
-                moved = values(steps, 1e9, 5e9) if op == "weights" or (op == "kv" and phase == "decode") else \
-                    (0.0,) * steps
+                moved = values(steps, 1e9, 5e9) if op in ("weights", "experts") or (op == "kv" and phase == "decode") \
+                    else (0.0,) * steps
                 kv_write = values(steps, 0.05, 0.4) if index == writer else (0.0,) * steps
                 gpu = values(steps, 0.05, 1.0)
                 extra = split_prices(cpu, gpu, moved) if split and op == "weights" and name != "embed" else {}
+                if op == "experts":
+                    extra = expert_prices(cpu, gpu, moved)
                 beside = tuple(tuple(v * rng.uniform(0.0, 2.0) for v in row) for row in cpu)  # bytes: ~1 GB/s
-                units.append(UnitCosts(name=f"u{index}", cpu_seconds=cpu, cpu_beside_bytes=tuple(
+                unit_names = names if names and name == "decoder" else tuple(f"u{i}" for i in range(len(ops)))
+                units.append(UnitCosts(name=unit_names[index], cpu_seconds=cpu, cpu_beside_bytes=tuple(
                                            tuple(b * 1e9 for b in row) for row in beside),
                                        cpu_allows_hbm=op == "kv" and phase == "prefill",
                                        gpu_seconds=gpu, stream_bytes=moved,
@@ -288,9 +369,11 @@ def synthetic(seed: int, layers: int, decoder_ops: tuple[str, ...], cxl: bool, s
                 edges = [EdgeCosts(src=a, dst=b, h2d_seconds=values(steps, 0.01, 0.3),
                                    d2h_seconds=values(steps, 0.01, 0.3)) for a, b in pairs]
             phases[phase] = PhaseCosts(steps=steps, units=tuple(units), edges=tuple(edges))
-        classes.append(ClassCosts(layer_class=name, count=count, units=tuple(f"u{i}" for i in range(len(ops))),
-                                  operands=ops, weight_bytes=tuple(int(rng.integers(1, 6)) * GIB if op == "weights"
-                                                                   else 0 for op in ops),
+        classes.append(ClassCosts(layer_class=name, count=count,
+                                  units=names if names and name == "decoder" else tuple(f"u{i}" for i in range(len(ops))),
+                                  operands=tuple("weights" if op == "experts" else op for op in ops),
+                                  weight_bytes=tuple(int(rng.integers(1, 6)) * GIB if op == "weights" else
+                                                     3 * GIB // 2 if op == "experts" else 0 for op in ops),
                                   kv_cache_bytes=int(rng.integers(1, 4)) * GIB if "kv" in ops else 0,
                                   workspace_bytes=int(rng.integers(0, 3)) * GIB // 4,
                                   prefill=phases["prefill"], decode=phases["decode"],
@@ -378,6 +461,38 @@ def test_synthetic_levels_by_knapsack(seed, monkeypatch):
                       split=(300, 700) if split else (), roomy_ddr=True)
     if assert_same(costs) is not None:
         assert closed
+
+
+@pytest.mark.parametrize("seed", range(60, 68))
+def test_synthetic_experts_by_count(seed):
+    """An MoE layer (3 experts: some resident in HBM, some on the CPU, the rest streamed when routed) beside a dense
+    unit and attention; seeds alternate a CXL tier and a weight split grid for the dense unit."""
+    assert_same(synthetic(seed, layers=2, decoder_ops=("weights", "kv", "experts"), cxl=bool(seed % 2),
+                          split=(500,) if seed % 4 < 2 else ()))
+
+
+@pytest.mark.parametrize("seed", range(70, 74))
+def test_synthetic_experts_with_router(seed):
+    """The router keeps its experts' tier (docs/cost-model.md §3); HBM the only capacity that can bind."""
+    costs = synthetic(seed, layers=2, decoder_ops=("kv", "weights", "experts"), cxl=False, roomy_ddr=True,
+                      names=("attn", "router", "experts"))
+    assert_same(costs)
+
+
+def test_synthetic_experts_are_split_by_count_somewhere():
+    """On some of the instances above the optimum keeps part of the experts in HBM, or splits them across devices."""
+    kinds = set()
+    for seed in range(60, 68):
+        try:
+            assignment, _ = solve_placement(synthetic(seed, layers=2, decoder_ops=("weights", "kv", "experts"),
+                                                      cxl=bool(seed % 2), split=(500,) if seed % 4 < 2 else ()))
+        except InfeasibleError:
+            continue
+        for _, config, _ in assignment.choices:
+            kinds.add(("partly resident", 0 < config.hbm_experts < 3))
+            kinds.add(("split", any(0 < p < 1000 for p in config.decode_cpu_permille[2:] +
+                                     config.prefill_cpu_permille[2:])))
+    assert ("partly resident", True) in kinds and ("split", True) in kinds
 
 
 def test_synthetic_splits_are_chosen_somewhere():

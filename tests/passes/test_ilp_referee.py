@@ -126,3 +126,13 @@ def test_issue17_cbc_and_highs_agree_on_opt175b_cxl(monkeypatch):
     assert by_solver.status == "optimal"
     values.append(by_solver.objective_seconds)
     assert max(values) == pytest.approx(min(values), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(60, 66))
+def test_moe_experts_against_referee(seed):
+    """MoE layers (test_ilp's synthetic experts instances: some experts resident, some on the CPU, the rest streamed,
+    the router keeping its experts' tier): the referee enumerates every resident count and CPU count itself."""
+    from test_ilp import synthetic
+
+    _assert_referee(synthetic(seed, layers=2, decoder_ops=("kv", "weights", "experts"), cxl=bool(seed % 2),
+                              names=("attn", "router", "experts")))

@@ -10,8 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # runtime_plans.py sits beside the tests
 
 import torch  # noqa: E402
-from runtime_plans import (FAMILIES, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class, save_hf_checkpoint,  # noqa: E402
-                           save_text_checkpoint)
+from runtime_plans import (FAMILIES, MOE_SHAPES, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class,  # noqa: E402
+                           save_hf_checkpoint, save_text_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +23,8 @@ def checkpoints(tmp_path_factory):
     def get(family: str):
         if family not in made:
             directory = root / family
-            made[family] = (directory, save_hf_checkpoint(family, directory, seed=FAMILIES.index(family)))
+            made[family] = (directory, save_hf_checkpoint(family, directory,
+                                                          seed=(FAMILIES + tuple(MOE_SHAPES)).index(family)))
         return made[family]
 
     return get

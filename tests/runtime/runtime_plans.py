@@ -20,6 +20,9 @@ HBM):
                on the GPU at prefill and on the CPU at decode (KV in DDR), or on the GPU in both phases
                (`split_attention='gpu'`: the decode KV window is streamed); the embedding gathers on the host
 Any of them may cut its prefill into micro-batches (`microbatch=(sequences, prompt tokens)`, plan v3).
+With `experts` (an `ExpertPlacement`, MoE models), the offloaded groups' experts sublayer places its experts by
+count instead: so many resident in HBM, so many on the CPU per phase, the rest streamed (its placements, permille
+and tier follow from the counts, as `liac.plan.check_semantics` wants them).
 `spec.memory` and `spec.execution` are filled from closed-form byte counts (parameter numels, the KV formula), an
 upper bound of what the runtime allocates; `status` carries made-up but valid predictions.
 """
@@ -33,9 +36,10 @@ import torch
 
 from liac.models import SUBLAYERS, build_model
 from liac.models.config import ModelConfig, from_hf_config
-from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
-                       PlanSpec, PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes,
-                       TierUsage, Workload)
+from liac.plan import (API_VERSION, EXPERT_SLOTS, Budgets, Execution, ExpertPlacement, HardwareSpec, LayerGroup,
+                       Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
+                       SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, expert_placement,
+                       experts_permille)
 from liac.runtime.backend import EmulatedBackend
 
 __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "PinningBackend", "make_test_backend",
@@ -72,12 +76,22 @@ def make_test_backend(name: str):
     return EmulatedBackend() if name == "emulated" else CudaBackend()
 
 
+# Tiny MoE shapes: (experts, top-k) of the 'mixtral' checkpoints, and a second routing for 'mixtral-k3'.
+MOE_SHAPES = {"mixtral": (8, 2), "mixtral-k3": (6, 3)}
+
+
 def hf_config(family: str, layers: int = 3):
-    """A tiny HF config: 64 wide, 4 heads (2 KV heads for Llama and Qwen2: GQA), vocab 112, 64 positions."""
+    """A tiny HF config: 64 wide, 4 heads (2 KV heads for Llama, Qwen2 and Mixtral: GQA), vocab 112, 64 positions;
+    Mixtral with 8 experts of 96, top-2 ('mixtral-k3': 6 experts, top-3)."""
     import transformers
 
     common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=112,
                   max_position_embeddings=64, initializer_range=0.2)
+    if family in MOE_SHAPES:
+        experts, top_k = MOE_SHAPES[family]
+        return transformers.MixtralConfig(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                          rope_theta=10000.0, tie_word_embeddings=False, num_local_experts=experts,
+                                          num_experts_per_tok=top_k, **common)
     if family == "opt":
         return transformers.OPTConfig(ffn_dim=128, word_embed_proj_dim=64, **common)
     if family == "llama":
@@ -130,7 +144,8 @@ def hf_model_class(family: str):
     import transformers
 
     return {"opt": transformers.OPTForCausalLM, "llama": transformers.LlamaForCausalLM,
-            "qwen2": transformers.Qwen2ForCausalLM}[family]
+            "qwen2": transformers.Qwen2ForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+            "mixtral-k3": transformers.MixtralForCausalLM}[family]
 
 
 def save_hf_checkpoint(family: str, directory, seed: int = 0, layers: int = 3,
@@ -188,6 +203,22 @@ def _placements(cfg: ModelConfig, policy: str):
     raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
+def _with_experts(cfg: ModelConfig, group: LayerGroup, placed: ExpertPlacement) -> LayerGroup:
+    """`group` with its experts sublayer placed by `placed`'s counts (the other sublayers as they were)."""
+    import dataclasses
+
+    experts, host = cfg.num_experts, next(s.weights for s in group.sublayers if s.name == "experts")
+    device = {}
+    for phase in ("prefill", "decode"):
+        cpu = placed.cpu(phase)
+        device[phase] = "cpu" if cpu == experts else "gpu" if cpu == 0 else "split"
+    tier = "hbm" if placed.hbm == experts else host if host != "hbm" else "ddr"
+    sub = SublayerPlacement("experts", device["prefill"], device["decode"], tier,
+                            experts_permille(placed.prefill_cpu, experts), experts_permille(placed.decode_cpu, experts),
+                            placed)
+    return dataclasses.replace(group, sublayers=tuple(sub if s.name == "experts" else s for s in group.sublayers))
+
+
 def _param_numels(cfg: ModelConfig) -> dict[str, int]:
     with torch.device("meta"):
         model = build_model(cfg.with_layers(1))
@@ -204,7 +235,7 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
               resident_layers: int = 0, cxl_layers: int = 0, batch: int = 2, prompt_len: int = 8, gen_len: int = 20,
               prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None,
               permille: int | dict[str, int] = 500, split_attention: str = "cpu",
-              microbatch: tuple[int, int] | None = None) -> OffloadPlan:
+              microbatch: tuple[int, int] | None = None, experts: ExpertPlacement | None = None) -> OffloadPlan:
     """A valid plan for `cfg` (see the module docstring); `microbatch`: the prefill's (sequences, prompt tokens)
     per micro-batch (default: the whole batch at once)."""
     names = SUBLAYERS[cfg.family]
@@ -229,6 +260,8 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         groups.append(LayerGroup("cxl", "decoder", cfg.num_layers - cxl_layers, cxl_layers, "cxl",
                                  _units(names, prefill, decode, "cxl", permille)))
     groups.append(LayerGroup("head", "head", 0, 1, "none", _units(("lm_head",), *head_dev, host_head, permille)))
+    if experts is not None:
+        groups = [_with_experts(cfg, g, experts) if g.name in ("offload", "cxl") else g for g in groups]
 
     # Closed-form sizes (bf16): weights per tier, KV per tier, one staging buffer = the most one layer streams.
     numels = _param_numels(cfg)
@@ -239,7 +272,15 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
     for group in groups:
         streamed = 0
         for sub in group.sublayers:
-            if sub.weights != "none":
+            if sub.name == "experts" and cfg.num_experts:  # by expert: resident ones in HBM, up to two slots
+                placed = expert_placement(sub, cfg.num_experts)
+                one = numels["experts"] * 2 // cfg.num_experts
+                tier_bytes["hbm"] += placed.hbm * one * group.layer_count
+                if placed.hbm < cfg.num_experts:
+                    tier_bytes[sub.weights] += (cfg.num_experts - placed.hbm) * one * group.layer_count
+                streamed += min(EXPERT_SLOTS, max(placed.streamed(p, cfg.num_experts) for p in ("prefill", "decode"))) \
+                    * one
+            elif sub.weights != "none":
                 tier_bytes[sub.weights] += numels[sub.name] * 2 * group.layer_count
                 if sub.weights != "hbm" and {"gpu", "split"} & {sub.prefill, sub.decode} and sub.name != "embed":
                     streamed += numels[sub.name] * 2

@@ -11,7 +11,6 @@ from runtime_plans import PinningBackend, make_plan
 import liac.runtime.backend as backend_module
 from liac.errors import LiacError
 from liac.models.config import ModelConfig
-from liac.models.zoo import ZOO
 from liac.plan import API_VERSION, TierBytes, dump_plan
 from liac.runtime import Engine, RandomWeights
 from liac.runtime.backend import CpuOnlyBackend, EmulatedBackend, make_backend
@@ -49,13 +48,6 @@ def test_emulation_is_never_chosen_silently(monkeypatch):
     assert isinstance(make_backend(), EmulatedBackend)
     monkeypatch.setenv(backend_module.EMULATE_ENV, "0")
     assert isinstance(make_backend(), CpuOnlyBackend)
-
-
-def test_mixtral_plan_is_refused():
-    cfg = ZOO["mixtral-8x7b"].with_layers(1)
-    error = _refused(make_plan(cfg, "gpu"))
-    assert error.path == "spec.model.family"
-    assert "Mixtral is frontend-only" in error.message
 
 
 def test_plan_that_does_not_fit_host_memory():
