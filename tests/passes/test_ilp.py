@@ -467,7 +467,7 @@ def test_synthetic_levels_by_knapsack(seed, monkeypatch):
 def test_synthetic_experts_by_count(seed):
     """An MoE layer (3 experts: some resident in HBM, some on the CPU, the rest streamed when routed) beside a dense
     unit and attention; seeds alternate a CXL tier and a weight split grid for the dense unit."""
-    assert_same(synthetic(seed, layers=2, decoder_ops=("weights", "kv", "experts"), cxl=bool(seed % 2),
+    assert_same(synthetic(seed, layers=1, decoder_ops=("weights", "kv", "experts"), cxl=bool(seed % 2),
                           split=(500,) if seed % 4 < 2 else ()))
 
 
