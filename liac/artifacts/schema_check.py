@@ -51,6 +51,14 @@ def schema_problems(cls, data: Any, path: str = "") -> list[tuple[str, str]]:
 
 
 def _value_problems(typ, meta, value, where) -> list[tuple[str, str]]:
+    args = typing.get_args(typ)
+    if type(None) in args and len(args) == 2 and any(is_dataclass(a) for a in args):  # an optional record
+        if value is None:
+            return []
+        (typ,) = [a for a in args if a is not type(None)]
+        if not isinstance(value, dict):
+            return [(where, f"must be a mapping, got {type(value).__name__}")]
+        return schema_problems(typ, value, where)
     if typing.get_origin(typ) is tuple:
         (item,) = [a for a in typing.get_args(typ) if a is not Ellipsis]
         if not isinstance(value, list):

@@ -304,6 +304,7 @@ def test_weights_names_are_checked(plan_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     path = plan_file("cpu")
+    monkeypatch.chdir(tmp_path)  # '../../etc' relative to a checkout may exist (a clone under /tmp reaches /etc)
     for name in ("../../etc", "org/../x", "a/b/c", "/nonexistent/dir"):
         _fails([path, "--weights", name], capsys, "must be a checkpoint directory or a Hugging Face repo id")
     _fails([path, "--weights", "facebook/opt-125m"], capsys, "is not in the Hugging Face cache")
