@@ -147,8 +147,11 @@ class Backend:
         return None
 
     def reserve(self, nbytes: int) -> None:
-        """Have the caching allocator hold `nbytes` of GPU memory from now on (allocated, then freed into its
-        cache), so that activations are carved from it; raises torch.cuda.OutOfMemoryError when it cannot."""
+        """Check, at start, that `nbytes` more of GPU memory can be had now (allocated, then handed back to the
+        driver); raises torch.cuda.OutOfMemoryError when it cannot. The memory is not held as one cached block:
+        activations carved from one block leave the allocator's small pool (< 1 MiB requests, 2 MiB segments) and
+        the side streams' pools no room under the cap, and its fragments cannot be freed while part of it is live;
+        the allocator then behaves as when `liac profile` measured the activation peak (no block, no cap)."""
 
     def cap(self, nbytes: int | None) -> None:
         """Forbid the caching allocator to hold more than `nbytes` (None: lift the cap): past it, an allocation
@@ -317,7 +320,8 @@ class CudaBackend(Backend):
     def reserve(self, nbytes):
         if nbytes > 0:
             block = torch.empty(int(nbytes), dtype=torch.uint8, device=self.devices["gpu"])
-            del block  # back into the allocator's cache, which keeps it
+            del block
+            torch.cuda.empty_cache()
 
     def cap(self, nbytes):
         device = self.devices["gpu"]

@@ -133,7 +133,7 @@ class GpuBudget:
 
     The arena (weights, KV caches, staging buffers) and the workspace (activations and the libraries' workspaces,
     `spec.execution.workspace_bytes`) live in torch's caching allocator; the CUDA context lives outside it. The
-    runtime reserves the workspace up front and caps the allocator at `cap_bytes` = budget − context, so the
+    runtime checks the workspace can be had up front and caps the allocator at `cap_bytes` = budget − context, so the
     allocator's reserved bytes plus the context never pass the budget: an activation peak beyond the plan's is an
     out-of-memory error, never a silent overshoot. `enforced` is False for plans that do not record their workspace
     (written before it was) and for runs without a real GPU.
@@ -242,7 +242,7 @@ class Engine:
                 weights, runtime/kernels.py), 'linear' or 'mv'.
             tokenizer: for text prompts: a transformers tokenizer or the directory it is saved in; default the
                 checkpoint directory `weights` (loaded on first use).
-            enforce_budget: on a GPU, reserve the plan's workspace and cap torch's allocator at the budget less the
+            enforce_budget: on a GPU, check the plan's workspace can be had and cap torch's allocator at the budget less the
                 CUDA context (`GpuBudget`); False only to measure the footprint (runtime/footprint.py).
             warm_up: after loading, run the first layer of every group once at the request's shapes (prefill and
                 one decode step, `Engine.warm_up`): True at the plan's workload, (batch, prompt_len) at those, or
@@ -371,19 +371,29 @@ class Engine:
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0])
             backend.synchronize()
-            if budget.enforced:  # loading's temporaries are gone: hold the workspace, then cap the allocator
+            if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
                 backend.reserve(budget.workspace_bytes)
                 backend.cap(budget.cap_bytes)
                 backend.reset_peak()  # the run's peak from here (loading random weights used GPU scratch)
         except torch.cuda.OutOfMemoryError as e:
+            store = kv = buffers = streamer = executor = memory = None  # noqa: F841 (what the arena held goes)
+            _give_back(backend)
             raise LiacError("host", "CUDA out of memory while placing the model: the plan does not fit this GPU "
-                                    "(free memory is below spec.memory.hbm_bytes)") from e
+                                    "(free memory is below spec.memory.hbm_bytes)") from _bare(e)
+        except BaseException:
+            store = kv = buffers = streamer = executor = memory = None  # noqa: F841
+            _give_back(backend)
+            raise
         engine = cls(plan, source, backend, schedule, memory, store, executor, dtype, notes, shared, shared_bytes,
                      cpu_linear, time.perf_counter() - began, budget)
         if options.warm_up:
             work = plan.spec.workload
-            engine.warm_up(*((work.batch_size, work.prompt_len) if options.warm_up is True else options.warm_up))
+            try:
+                engine.warm_up(*((work.batch_size, work.prompt_len) if options.warm_up is True else options.warm_up))
+            except BaseException:
+                engine.close()  # its arena and the allocator cap go before the error reaches the caller
+                raise
         return engine
 
     # ------------------------------------------------------------------------------------------------------------
@@ -625,6 +635,7 @@ class Engine:
         try:
             self.executor.warm_up(batch, prompt_len)
         except torch.cuda.OutOfMemoryError as e:
+            e = _bare(e)
             raise LiacError("host", f"CUDA out of memory while warming up at batch {batch}, prompt {prompt_len}: the "
                                     f"activations do not fit within the plan's GPU budget of "
                                     f"{self.budget.budget_bytes / GIB:.2f} GiB") from e
@@ -785,3 +796,16 @@ def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Sche
 
 def _with_text(out: Generation, text: tuple[str, ...]) -> Generation:
     return replace(out, text=text)
+
+
+def _bare(error: BaseException) -> BaseException:
+    """`error` without its traceback: the frames it holds keep GPU tensors (the arena, activations) alive for as long
+    as the caller keeps the error."""
+    return error.with_traceback(None)
+
+
+def _give_back(backend) -> None:
+    """After a failed start: collect what the failed engine allocated, lift the cap, hand cached memory back."""
+    gc.collect()
+    backend.cap(None)
+    backend.release_cached()

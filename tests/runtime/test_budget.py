@@ -151,3 +151,35 @@ def test_peak_footprint_stays_within_tight_budgets_on_the_gpu(tight_budget_runs,
     row = tight_budget_runs[",".join(map(str, case))]
     assert row["enforced"] and row["planned"] <= row["budget"]
     assert row["used"] <= row["budget"], (row["used"] / MIB, row["budget"] / MIB)
+
+
+def test_a_failed_warm_up_gives_back_its_cap_and_memory(monkeypatch):
+    """The warm-up's out-of-memory error is one line, and the failed engine lifts its allocator cap and hands its
+    memory back before the error reaches the caller: the next plan of the process (a benchmark's next point) starts
+    on a clean GPU, not under the failed plan's cap."""
+    from liac.runtime.executor import Executor
+
+    def out_of_memory(self, batch, prompt_len):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    monkeypatch.setattr(Executor, "warm_up", out_of_memory)
+    backend = ContextBackend(10 * MIB)
+    with pytest.raises(LiacError) as error:
+        Engine.from_plan(compiled(OPT, 200 * MIB), RandomWeights(0), backend=backend)
+    assert "while warming up" in error.value.line() and "\n" not in error.value.line()
+    assert error.value.__cause__.__traceback__ is None  # its frames (and the tensors they hold) are not kept
+    assert backend.calls[-2:] == [("cap", 200 * MIB - 64 * MIB), ("cap", None)]
+
+
+def test_a_failed_placement_lifts_no_cap_it_did_not_set_and_keeps_no_frames(monkeypatch):
+    from liac.runtime import engine as engine_module
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(engine_module.KVCache, "__init__", out_of_memory)
+    backend = ContextBackend(10 * MIB)
+    with pytest.raises(LiacError, match="while placing the model") as error:
+        Engine.from_plan(compiled(OPT, 200 * MIB), RandomWeights(0), backend=backend)
+    assert error.value.__cause__.__traceback__ is None
+    assert backend.calls == [("cap", None)]  # never capped; the give-back lifts any cap all the same
