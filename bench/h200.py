@@ -12,8 +12,8 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
   profile  `liac profile` → profile.yaml (full sizes: ≥ 1 GiB rotated weights)
   compile  `liac.api.compile_plans` with that profile (--compile-for-call: run-profile.yaml, that profile with
            the footprint and rates this call measured first), the GPU budget and every (prompt, batch) point, once per
-           contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu;
-           plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
+           contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu
+           (each also as NAME+dN: compiled with prefetch depth N, N + 1 staging buffers, e.g. 'whole+d2'); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
            (issue 4's check) → plans/, plans.tar.gz
   rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, plus the
            CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
@@ -52,6 +52,18 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
+
+
+def contender_parts(contender: str) -> tuple[str, int]:
+    """'whole+d2' → ('whole', 2): a contender compiled with `prefetch_depth` 2 (three staging buffers); the plain
+    name → prefetch depth 1 (the compiler's default)."""
+    base, _, depth = contender.partition("+d")
+    return base, int(depth) if depth.isdigit() and int(depth) >= 1 else 1
+
+
+def known_contender(contender: str) -> bool:
+    base, _, depth = contender.partition("+d")
+    return base in CONTENDERS and (depth == "" or (depth.isdigit() and int(depth) >= 1))
 STAGES = ("profile", "rates", "compile", "runs", "peers", "floor", "footprint")
 
 
@@ -136,12 +148,13 @@ class Bench:
         by_prompt: dict[int, list[int]] = {}
         for prompt, batch in self.args.points:
             by_prompt.setdefault(prompt, []).append(batch)
-        for contender in [c for c in self.args.contenders if c in CONTENDERS]:
+        for contender in [c for c in self.args.contenders if known_contender(c)]:
+            base, depth = contender_parts(contender)
             for prompt, batches in by_prompt.items():
                 began = time.monotonic()
                 result = compile_plans(model, str(profile), batches=tuple(batches), prompt_len=prompt,
                                        gen_len=self.args.gen_len, gpu_mem=budget,
-                                       policy=None if contender == "optimal" else contender)
+                                       policy=None if base == "optimal" else base, prefetch_depth=depth)
                 folder = self.plans_dir / contender / f"p{prompt}"
                 written = write_plans(result, folder)
                 for point in result.points:
@@ -214,7 +227,8 @@ class Bench:
                 by_point.setdefault((entry["prompt_len"], entry["batch"]), []).append(entry)
         specs, index = [], []
         for point in self.args.points:  # the order of --points: what matters most first
-            for entry in sorted(by_point.pop(point, []), key=lambda e: order.get(e["contender"], 99)):
+            for entry in sorted(by_point.pop(point, []),
+                                key=lambda e: (order.get(contender_parts(e["contender"])[0], 99), e["contender"])):
                 # the spread across repeats: the liac plan at batch 1 runs `--repeats` times
                 times = self.args.repeats if entry["contender"] == "optimal" and entry["batch"] == 1 else 1
                 for _ in range(times):
@@ -381,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emulate", action="store_true", help="smoke test here: opt-125m, GPU emulated, quick")
     args = parser.parse_args(argv)
     args.contenders = [c for c in args.contenders.split(",") if c]
+    for contender in args.contenders:
+        if not known_contender(contender) and contender != "shipped-profile":
+            raise SystemExit(f"--contenders: unknown contender {contender!r} (one of {', '.join(CONTENDERS)}, "
+                             "'shipped-profile', or one of the first with '+dN': compiled with prefetch depth N)")
     args.peers = [p for p in args.peers.split(",") if p]
     args.timeline_batches = tuple(int(b) for b in args.timeline_batches.split(",") if b)
     if args.emulate:

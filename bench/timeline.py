@@ -15,6 +15,11 @@ greedy pick) on the main thread:
   copy_busy_ms       the copy stream (the other stream with the most memcpy time: staging) copying
   overlap_ms         both at once; copy_only_ms, compute_only_ms, gpu_idle_ms (neither)
   cpu_ops            the main thread's heaviest ops in the step: name → (count, total ms)
+  main_waits         the main thread's heaviest CUDA runtime calls (synchronising copies and events wait there):
+                     name → (count, total ms)
+  copy_gaps          where the copy stream stood still inside the step: {count (gaps over 0.2 ms), total_ms,
+                     main_ops: the main thread's top-level ops during those gaps (ms), compute_ms: the compute
+                     stream's busy time during them}: what the copies waited for
   streams            every GPU stream seen: tid → {kernel_ms, memcpy_ms}
 
 On the GPU-less emulation only the main thread's numbers exist (the GPU fields are None). The profiler slows a step
@@ -107,8 +112,23 @@ def summarize(trace: dict) -> dict:
         count_total[1] += (end - start) / 1e3
     cpu_ops = {name: [count, round(total, 3)] for name, (count, total) in
                sorted(heavy.items(), key=lambda kv: -kv[1][1])[:8]}
+    waits: dict[str, list[float]] = {}
+    for e in main_events:
+        if e.get("cat") != "cpu_op" and t0 <= e["ts"] < t1:
+            count_total = waits.setdefault(e["name"], [0, 0.0])
+            count_total[0] += 1
+            count_total[1] += e["dur"] / 1e3
+    main_waits = {name: [count, round(total, 3)] for name, (count, total) in
+                  sorted(waits.items(), key=lambda kv: -kv[1][1])[:4]}
+    top_level = []
+    end_of_parent = -1.0
+    for start, end, name in spans:
+        if start >= end_of_parent:
+            top_level.append((start, end, name))
+            end_of_parent = end
     summary = {"step_ms": round(step_ms, 3), "main_busy_ms": round(main_busy, 3),
-               "main_idle_ms": round(step_ms - main_busy, 3), "cpu_ops": cpu_ops,
+               "main_idle_ms": round(step_ms - main_busy, 3), "cpu_ops": cpu_ops, "main_waits": main_waits,
+               "copy_gaps": None,
                "compute_busy_ms": None, "copy_busy_ms": None, "overlap_ms": None, "copy_only_ms": None,
                "compute_only_ms": None, "gpu_idle_ms": None, "streams": {}}
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
@@ -129,6 +149,23 @@ def summarize(trace: dict) -> dict:
     compute_busy, copy_busy = union_ms(compute_spans), union_ms(copy_spans)
     overlap = _intersection_ms(compute_spans, copy_spans)
     either = union_ms(compute_spans + copy_spans)
+    gaps, last = [], t0
+    for start, end in union(copy_spans):
+        if start - last > 200:  # µs
+            gaps.append((last, start))
+        last = max(last, end)
+    if t1 - last > 200:
+        gaps.append((last, t1))
+    during: dict[str, float] = {}
+    for start, end, name in top_level:
+        for a, b in gaps:
+            overlap_us = min(end, b) - max(start, a)
+            if overlap_us > 0:
+                during[name] = during.get(name, 0.0) + overlap_us / 1e3
+    summary["copy_gaps"] = {
+        "count": len(gaps), "total_ms": round(sum(b - a for a, b in gaps) / 1e3, 3),
+        "compute_ms": round(_intersection_ms(compute_spans, gaps), 3),
+        "main_ops": {name: round(ms, 3) for name, ms in sorted(during.items(), key=lambda kv: -kv[1])[:6]}}
     summary.update(compute_busy_ms=round(compute_busy, 3), copy_busy_ms=round(copy_busy, 3),
                    overlap_ms=round(overlap, 3), copy_only_ms=round(copy_busy - overlap, 3),
                    compute_only_ms=round(compute_busy - overlap, 3), gpu_idle_ms=round(step_ms - either, 3),

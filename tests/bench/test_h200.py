@@ -22,3 +22,15 @@ def test_plans_are_compiled_for_the_calls_own_profile_once_it_exists(tmp_path):
 
 def test_points_keep_their_order():
     assert parse_points("128:1,8,32;1024:1;128:64") == [(128, 1), (128, 8), (128, 32), (1024, 1), (128, 64)]
+
+
+def test_contenders_with_a_prefetch_depth():
+    from h200 import contender_parts, known_contender, main
+
+    assert contender_parts("whole+d2") == ("whole", 2) and contender_parts("optimal") == ("optimal", 1)
+    assert known_contender("lia-gpu+d3") and known_contender("whole")
+    assert not known_contender("whole+d0") and not known_contender("fastest") and not known_contender("whole+dx")
+    import pytest
+
+    with pytest.raises(SystemExit, match="unknown contender 'whole\\+dx'"):
+        main(["--out", "unused", "--contenders", "optimal,whole+dx"])

@@ -46,6 +46,11 @@ def test_the_last_decode_step_is_summarised():
     assert (s["copy_only_ms"], s["compute_only_ms"]) == (2.0, 3.0)
     assert s["gpu_idle_ms"] == 3.0  # 10 ms - (11000-14000 ∪ 15000-19000)
     assert s["streams"][str(COMPUTE)]["role"] == "compute" and s["streams"][str(COPY)]["role"] == "copy"
+    # the copy stream stands still 13000-15000 and 17000-21000; the compute stream runs 13000-14000, 17000-19000
+    gaps = s["copy_gaps"]
+    assert (gaps["count"], gaps["total_ms"], gaps["compute_ms"]) == (2, 6.0, 3.0)
+    assert gaps["main_ops"] == {"aten::linear": 2.0}  # 13000-14000 and 20000-21000; sdpa only touches a gap
+    assert s["main_waits"] == {"cudaLaunchKernel": [1, 0.5]}
 
 
 def test_without_a_gpu_only_the_main_thread_is_summarised():
