@@ -37,7 +37,7 @@ from liac.ir import Sublayer, SublayerGraph, phase_point, require_stage
 from liac.plan import PHASES, TIERS
 from liac.profile import HardwareProfile
 from liac.schema_tools import from_data, to_data
-from liac.sizes import GB
+from liac.sizes import GB, MIB
 
 __all__ = [
     "OPERANDS", "SPLIT_PERMILLE", "WORKSPACE_SHARE", "Workload", "Microbatch", "TierBudgets", "UnitCosts",
@@ -819,11 +819,21 @@ def class_activation_peak(graph: SublayerGraph, layer_class: str, workload: Work
                for phase in PHASES)
 
 
+# torch's caching allocator takes GPU memory in segments: a request of 1-10 MiB gets a 20 MiB segment, one under
+# 1 MiB a 2 MiB one, each stream its own. Beside a small live set the last segment it needs is mostly empty: on the
+# H200 (2026-12-02, bench/results/h200-2026-12-02/probe) OPT-30B at batch 1 held 38 MiB of activations and 12 MiB
+# of free fragments and then asked for one more 20 MiB segment, past a 70 MiB workspace. Two such segments (the
+# compute stream's and a side stream's) are Eq. 14's constant term beside the scaled activations.
+ALLOCATOR_SEGMENTS_BYTES = 2 * 20 * MIB
+
+
 def gpu_workspace_bytes(activation_bytes: float, hw: HardwareProfile) -> int:
     """Eq. 14: what the process holds on the GPU beyond weights, KV caches and staging buffers while it computes a
-    class there: the CUDA context (outside the caching allocator), the libraries' workspaces, and the activation
-    peak scaled by the profile's measured `gpu_activation_factor` (the allocator's reserved bytes over the model)."""
-    return int(hw.gpu_context_bytes + hw.gpu_library_workspace_bytes + hw.gpu_activation_factor * activation_bytes)
+    class there: the CUDA context (outside the caching allocator), the libraries' workspaces, the activation
+    peak scaled by the profile's measured `gpu_activation_factor` (the allocator's reserved bytes over the model),
+    and the allocator's last partly used segments (`ALLOCATOR_SEGMENTS_BYTES`)."""
+    return int(hw.gpu_context_bytes + hw.gpu_library_workspace_bytes + hw.gpu_activation_factor * activation_bytes
+               + ALLOCATOR_SEGMENTS_BYTES)
 
 
 def _residual_bytes(graph: SublayerGraph):

@@ -16,6 +16,7 @@ from liac.api import compile_plans
 from liac.calibrate import FACTORS, calibrate, load_measurements, scaled_profile
 from liac.cli import main
 from liac.models import resolve_model
+from liac.passes.costs import ALLOCATOR_SEGMENTS_BYTES
 from liac.plan import plan_to_yaml
 from liac.profile import load_profile, resolve_profile
 
@@ -55,7 +56,8 @@ def synthetic(tmp_path_factory):
     cfg = resolve_model("opt-125m")
     true = scaled_profile(BASE, TRUE)
     metrics = []
-    footprint = BASE.gpu_context_bytes + BASE.gpu_library_workspace_bytes  # inside the budget (Eq. 14)
+    # inside the budget (Eq. 14): the context, the libraries' workspaces and the allocator's segments
+    footprint = BASE.gpu_context_bytes + BASE.gpu_library_workspace_bytes + ALLOCATOR_SEGMENTS_BYTES
     for index, (policy, mib, batch, prompt) in enumerate(CASES):
         budget = (mib << 20) + footprint
         plan = compile_plans(cfg, BASE, batches=(batch,), prompt_len=prompt, gen_len=4, gpu_mem=budget,

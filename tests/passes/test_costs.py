@@ -231,7 +231,8 @@ def test_workspace_is_the_activation_live_set_plus_the_gpu_footprint_by_hand():
     assert attention < live
     decoder = costs.layer_class("decoder")
     assert decoder.host_workspace_bytes == live
-    assert decoder.workspace_bytes == int(300 * 2**20 + 40 * 2**20 + 1.5 * live)
+    # + two of the caching allocator's 20 MiB segments (costs.ALLOCATOR_SEGMENTS_BYTES)
+    assert decoder.workspace_bytes == int(300 * 2**20 + 40 * 2**20 + 1.5 * live + 40 * 2**20)
     assert costs.gpu_context_bytes == 300 * 2**20
 
 
