@@ -10,11 +10,7 @@ is copied into buffer i mod n on a dedicated copy stream:
     release(i)  compute stream: record `released[i mod n]`; issue(i + n)       (a 'release' op, after its last reader)
                 (or the split op that reads it last, right after launching its GPU part: schedule.Op.releases)
 
-so while layer i computes, the copies of the next n - 1 stream units are in flight. Each copy is cut into row
-chunks of at most `COPY_CHUNK_BYTES`: host → GPU copies of all streams share the GPU's copy engine in order, so the
-compute stream's small crossings (a split's CPU part joining on the GPU, an attention output for the GPU's
-projection) would otherwise wait behind a whole layer's weights (H200, 2026-12-02: OPT-30B at batch 32, a 6 µs
-join queued behind a 7 ms copy of fc1's GPU part in every layer: 858-896 ms a token against 450 predicted). `start` issues the first n of a
+so while layer i computes, the copies of the next n - 1 stream units are in flight. `start` issues the first n of a
 forward pass unless `prime` already did at the end of the previous decode step (the copies then overlap the LM head
 and the sampling too). A stream unit with KV windows also waits for `kv_written`, an event recorded on the compute
 stream by `start` / `prime`: every K/V write of earlier passes (asynchronous GPU → pinned host copies) is then complete
@@ -40,11 +36,7 @@ from liac.runtime.memory import aligned
 from liac.runtime.schedule import StreamUnit
 from liac.sizes import numel
 
-__all__ = ["Streamer", "COPY_CHUNK_BYTES"]
-
-# A copy engine runs one copy at a time: 32 MiB is ~0.6 ms at PCIe 5.0 rates (what a crossing on another stream may
-# wait), and few enough calls that issuing them costs the main thread little (~30 per GiB).
-COPY_CHUNK_BYTES = 32 * 2**20
+__all__ = ["Streamer"]
 
 
 class _Copy(NamedTuple):
@@ -101,21 +93,17 @@ class Streamer:
         return self.view(stream_unit.slot, offset, self.kv.shape)
 
     def _copy_list(self, stream_unit: StreamUnit, slot: int) -> list[_Copy]:
-        """One copy per row block (a whole parameter is one block; a split unit's GPU part packs its blocks, for
-        gate_up gate rows then up rows, one after another, so its staged weight is one contiguous tensor), each cut
-        into chunks of whole rows of at most COPY_CHUNK_BYTES (one row at least)."""
+        """One copy per row block: a whole parameter is one block; a split unit's GPU part
+        packs its blocks (for gate_up: gate rows, then up rows) one after another, so its staged weight is one
+        contiguous tensor."""
         out = []
         for piece in stream_unit.weights:
             staged = self.view(slot, piece.offset, piece.shape)
             host = self.host_tensor(piece.param.canonical, piece.tier)
-            row_bytes = max(1, host[:1].numel() * host.element_size())
-            step = max(1, COPY_CHUNK_BYTES // row_bytes)
             row = 0
             for first, count in piece.rows:
-                for start in range(0, count, step):
-                    rows = min(step, count - start)
-                    src = host[first + start:first + start + rows]
-                    out.append(_Copy(staged[row + start:row + start + rows], src, src.numel() * src.element_size()))
+                src = host[first:first + count]
+                out.append(_Copy(staged[row:row + count], src, src.numel() * src.element_size()))
                 row += count
         return out
 

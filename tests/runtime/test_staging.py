@@ -85,20 +85,3 @@ def test_a_primed_pass_does_not_copy_its_first_units_again():
     log.clear()
     streamer.start(decode, batch=2, past=9)  # primed for another step: its windows would be stale
     assert log == [("start", 0), ("issue", 0), ("issue", 1)]
-
-
-def test_copies_are_cut_into_row_chunks_of_at_most_the_chunk_size(monkeypatch):
-    """A crossing on the compute stream waits behind whatever the copy engine runs: each staging copy is cut into
-    chunks of whole rows of at most COPY_CHUNK_BYTES, which together land exactly the rows one copy would."""
-    from liac.runtime import staging
-
-    monkeypatch.setattr(staging, "COPY_CHUNK_BYTES", 3 * 4 * 4)  # three rows of four fp32
-    host = torch.arange(40, dtype=torch.float32).reshape(10, 4)
-    param = ParamInfo("fc.weight", "layers.0.fc.weight", (10, 4))
-    piece = Piece(param, "ddr", 0, ((1, 8),))  # rows 1..8: chunks of 3, 3, 2
-    streamer = _streamer(1, {(param.canonical, "ddr"): host})
-    unit = _unit(0, 0, [piece])
-    copies = streamer._copy_list(unit, 0)
-    assert [c.nbytes for c in copies] == [48, 48, 32]
-    streamer.start((unit,), batch=1, past=0)
-    assert torch.equal(streamer.view(0, piece.offset, piece.shape), host[1:9])
