@@ -65,14 +65,12 @@ class Frame:
     a prefill whose prompts are `prompt` slots long; `beside`: its K, V writes to a host cache may run beside the
     compute that follows (a prefill's)."""
 
-    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside",
-                 "keeps_staging")
+    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside")
 
     def __init__(self, batch: int, start: int, length: int, pick=greedy, row: int = 0, prompt: int | None = None,
                  beside: bool = False):
         self.batch, self.start, self.length = batch, start, length
         self.row, self.prompt, self.beside = row, length if prompt is None else prompt, beside
-        self.keeps_staging = False  # a micro-batch before its layer's last: a split op does not release the buffer
         self.vals: dict[str, dict[str, torch.Tensor]] = {}
         self.pos: dict[str, torch.Tensor] = {}
         self.mask: dict[str, torch.Tensor | None] = {}  # device → [B, 1, Q, C] bool, None: plain causal
@@ -350,7 +348,6 @@ class Executor:
         last = len(parts) - 1
         for index, (rows, tokens) in enumerate(parts):
             sub = frame.part(rows, tokens)
-            sub.keeps_staging = index < last  # the layer's next micro-batch reads its staging buffer again
             skip = ("release",) if index < last else ()
             run(program, sub, skip + (("wait",) if index else ()))
             for dev, x in sub.vals["x"].items():
@@ -842,7 +839,6 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     posts = {device: ex._post(op, device) for device in split.merge_on}
     pre, transfer, kv, backend = _moves_before(op), ex.backend.transfer, ex.kv, ex.backend
     merge_on, writer, crosses, last_only = split.merge_on, op.kv_writer, op.kv_write_crosses, op.kind == "lm_head"
-    releases, streamer = op.releases, ex.streamer
 
     def step(frame: Frame) -> None:
         vals = frame.vals
@@ -860,8 +856,6 @@ def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             end.record()
             launched = time.perf_counter() - began
             began = time.perf_counter()
-        if releases >= 0 and not frame.keeps_staging:  # the buffer's last reader: the next copy may be queued now
-            streamer.release(releases)
         y_cpu = kind.part(cpu_part, x_cpu)
         if timed is not None:
             timed.append(_PartTiming(time.perf_counter() - began, start, end, launched))

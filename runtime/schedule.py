@@ -10,8 +10,8 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
               and how attention reads it: the fresh K/V (prefill), the cache in place, or a streamed window
   * stream units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
               is copied into staging buffer i mod (prefetch_depth + 1); a 'wait' op right before the layer's first
-              op that reads the buffer and a 'release' op right after its last one bracket the readers only (a
-              split op that reads it last releases it itself, once its GPU part is launched)
+              op that reads the buffer and a 'release' op right after its last one bracket the readers only (after
+              a split op too: after its join, whose crossing must not queue behind the next copy)
   * splits    (plan v2) a unit split by output features runs its CPU part from the weights' host tier and its
               GPU part from staging (only its rows [r, N) are streamed); a backward pass over the phase finds
               where later ops read its output, and the parts are joined there (and only there)
@@ -91,8 +91,6 @@ class Op:
         written (the op's device; for a split qkv, the cache's side if the parts join there).
     gather: an embedding on the GPU whose table is in a host tier: the B×Q looked-up rows are gathered on the host
         and sent (what the cost model streams for an embedding), never the whole table.
-    releases: a split op that is the last reader of its stream unit's staging buffer releases it (in place of a
-        'release' op) right after launching its GPU part, its only part that reads the buffer.
     drops: the values (every device's copy) that no later op of the pass reads before they are produced again:
         the executor frees them right after this op, so a pass holds only live activations (what the cost model's
         activation workspace, Eq. 14, counts).
@@ -114,7 +112,6 @@ class Op:
     gather: bool = False
     split: Split | None = None
     drops: tuple[str, ...] = ()  # values no later op of the pass reads: freed right after this op
-    releases: int = -1  # a split op, its stream unit's last reader: releases that staging buffer itself
     experts: ExpertRun | None = None
 
 
@@ -507,11 +504,9 @@ def _bracketed(layer_ops: list[Op], stream: StreamUnit, group: str) -> list[Op]:
     readers = [at for at, o in enumerate(ops) if o.stream_unit == stream.index]
     first, last = readers[0], readers[-1]
     wait = Op("wait", group, stream.layer_class, stream.layer, "gpu", stream_unit=stream.index)
-    if ops[last].split is not None:
-        # A split op reads the buffer only in its GPU part: it releases the buffer itself once that is launched,
-        # so the next copy is queued while its CPU part still computes (not after the join)
-        ops[last] = replace(ops[last], releases=stream.index)
-        return ops[:first] + [wait] + ops[first:]
+    # After a split op too, once it has joined: its release queues the next layer's copy, and host → GPU copies of
+    # all streams run one at a time on the copy engine, so a copy queued right after the GPU part's launch held the
+    # join's crossing back until a whole layer's weights had landed (H200, bench/results/h200-2026-12-02).
     release = Op("release", group, stream.layer_class, stream.layer, "gpu", stream_unit=stream.index)
     return ops[:first] + [wait] + ops[first:last + 1] + [release] + ops[last + 1:]
 

@@ -7,8 +7,8 @@ is copied into buffer i mod n on a dedicated copy stream:
     issue(i)    copy stream: wait for buffer i mod n's `released` event (its previous stream unit is done with it),
                 copy the stream unit's weights and the past tokens of its KV windows, record `copied[i mod n]`
     wait(i)     compute stream: wait for `copied[i mod n]`     (a 'wait' op, before the layer's first buffer reader)
-    release(i)  compute stream: record `released[i mod n]`; issue(i + n)       (a 'release' op, after its last reader)
-                (or the split op that reads it last, right after launching its GPU part: schedule.Op.releases)
+    release(i)  compute stream: record `released[i mod n]`; issue(i + n)       (a 'release' op, after its last reader,
+                after a split reader's join: the join's crossing must not queue behind the next copy)
 
 so while layer i computes, the copies of the next n - 1 stream units are in flight. `start` issues the first n of a
 forward pass unless `prime` already did at the end of the previous decode step (the copies then overlap the LM head
