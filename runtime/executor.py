@@ -408,14 +408,21 @@ class Executor:
         # budget reserves is one micro-batch's (docs/cost-model.md Eq. 14).
         parts = microbatch_parts(batch, length, self.schedule.prefill_microbatch) if phase == "prefill" else [None]
         try:
-            for segment in self.segments[phase]:
-                if len(parts) > 1 and segment.layer_class == "decoder":
-                    self._microbatched(segment.program, frame, parts, run)
-                else:
-                    run(segment.program, frame)
+            self._each_segment(phase, frame, parts, run)
         finally:
             self.prompt_kv.clear()
         return frame
+
+    def _each_segment(self, phase: str, frame: Frame, parts: list, run, stop=lambda: False) -> None:
+        """`run(program, frame)` over every segment of `phase` until `stop()`, a prefill's decoder layers over its
+        micro-batches (`parts`)."""
+        for segment in self.segments[phase]:
+            if stop():
+                break
+            if len(parts) > 1 and segment.layer_class == "decoder":
+                self._microbatched(segment.program, frame, parts, run)
+            else:
+                run(segment.program, frame)
 
     def _begin(self, phase: str, ids: torch.Tensor, start: int, pad: dict[str, torch.Tensor] | None,
                pick) -> Frame:
@@ -471,13 +478,7 @@ class Executor:
                     return
 
         try:
-            for segment in self.segments[phase]:
-                if found:
-                    break
-                if len(parts) > 1 and segment.layer_class == "decoder":
-                    self._microbatched(segment.program, frame, parts, run)
-                else:
-                    run(segment.program, frame)
+            self._each_segment(phase, frame, parts, run, stop=lambda: bool(found))
         finally:
             self.prompt_kv.clear()
             if phase == "prefill":
