@@ -1,14 +1,19 @@
-"""Peer: HF Accelerate offload (`device_map` from `max_memory`) running an OPT model with random bf16 weights.
+"""Peer: HF Accelerate offload (`device_map` from `max_memory`) running a causal LM with random bf16 weights.
 
     python3 bench/peers/accelerate_opt.py --model opt-30b --batch 1 --prompt-len 128 --gen-len 4 \
         --gpu-budget-gib 24 [--pinned] --json-out acc.json
+    python3 bench/peers/accelerate_opt.py --model mixtral-8x7b --layers 16 --gpu-budget-gib 12 --pinned ...
 
-What it does, as a user of Accelerate would:
-  1. builds `OPTForCausalLM` on the meta device (`init_empty_weights`), in bf16;
-  2. `infer_auto_device_map(model, max_memory={0: budget, 'cpu': ...}, no_split_module_classes=['OPTDecoderLayer'])`;
+Any model liac reads (a zoo name or an HF config.json of family opt, llama, qwen2 or mixtral; `--layers N` keeps its
+first N decoder layers) is built as the HF class of its family (`hf_config`: liac's config in HF's field names; the
+file keeps the name it had when it drove OPT only). What it does, as a user of Accelerate would:
+  1. builds `AutoModelForCausalLM.from_config(...)` on the meta device (`init_empty_weights`), in bf16;
+  2. `infer_auto_device_map(model, max_memory={0: budget, 'cpu': ...}, no_split_module_classes=<the model's
+     decoder layer class>)`;
   3. materialises random weights where the map puts them (GPU tensors drawn there; CPU tensors filled from one
      random chunk, copied block by block, since HF's initialisers take minutes at this size), pinned with `--pinned`;
-  4. `dispatch_model`: CPU-mapped layers are offloaded, their weights copied to the GPU at every forward;
+  4. `dispatch_model`: CPU-mapped layers are offloaded, their weights copied to the GPU at every forward (for an MoE
+     layer: all of its experts, routed or not: Accelerate moves modules, not the rows a step reads);
   5. greedy generation with a KV cache, by hand: one timed prefill forward, then `gen_len - 1` timed decode steps,
      each between two `torch.cuda.synchronize()`.
 
@@ -26,19 +31,20 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_common beside this script
 
-from peer_common import GIB, PeerResult, base_parser, gpu_peak_bytes, opt_shapes, positive_float, \
+from peer_common import GIB, PeerResult, base_parser, gpu_peak_bytes, positive_float, positive_int, \
     random_token_ids, reset_gpu_peak  # noqa: E402
 
-__all__ = ["build_parser", "hf_opt_config", "device_for", "plan_device_map", "materialise", "probe_h2d",
+__all__ = ["build_parser", "model_config", "hf_config", "device_for", "plan_device_map", "materialise", "probe_h2d",
            "generate_timed", "main"]
 
-NO_SPLIT = ["OPTDecoderLayer"]
 _CHUNK_ELEMENTS = 1 << 24  # 32 MiB of bf16: the random block CPU tensors are filled from
 
 
 def build_parser():
-    parser = base_parser("accelerate_opt.py", "HF Accelerate offload baseline (random bf16 OPT weights).",
+    parser = base_parser("accelerate_opt.py", "HF Accelerate offload baseline (random bf16 weights).",
                          gen_len_default=4)
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help="keep the model's first N decoder layers (default: all)")
     parser.add_argument("--pinned", action="store_true",
                         help="pin the CPU-offloaded weights (page-locked: faster host-to-device copies)")
     parser.add_argument("--cpu-mem-gib", type=positive_float, default=400.0,
@@ -48,29 +54,73 @@ def build_parser():
     return parser
 
 
-def hf_opt_config(shapes):
-    """The HF `OPTConfig` of liac's OPT shapes (pre-norm, biases, tied embedding, ReLU)."""
-    from transformers import OPTConfig
+def model_config(model: str, layers: int | None = None):
+    """liac's ModelConfig of `--model` (a zoo name or an HF config.json), cut to `layers` decoder layers.
 
-    return OPTConfig(vocab_size=shapes.vocab_size, hidden_size=shapes.hidden_size,
-                     num_hidden_layers=shapes.num_layers, ffn_dim=shapes.ffn_dim,
-                     num_attention_heads=shapes.num_heads, max_position_embeddings=shapes.max_position,
-                     word_embed_proj_dim=shapes.hidden_size, do_layer_norm_before=True, enable_bias=True,
-                     activation_function="relu", tie_word_embeddings=True, pad_token_id=1, bos_token_id=2,
-                     eos_token_id=2, dropout=0.0, attention_dropout=0.0, use_cache=True)
+    Raises:
+        ValueError: a model liac does not read (one line naming what is wrong)."""
+    from liac.errors import LiacError
+    from liac.models import resolve_model
+
+    try:
+        cfg = resolve_model(model)
+    except LiacError as e:
+        raise ValueError(f"--model: {e.line()}") from None
+    if layers is not None and layers != cfg.num_layers:
+        if layers > cfg.num_layers:
+            raise ValueError(f"--layers: '{cfg.name}' has {cfg.num_layers} decoder layers, got {layers}")
+        cfg = cfg.with_layers(layers)
+    return cfg
 
 
-def _meta_model(shapes):
+def hf_config(cfg):
+    """The HF config of liac's ModelConfig `cfg` (HF's field names; `liac.models.config.from_hf_config` reads it back
+    to `cfg`)."""
+    from transformers import AutoConfig
+
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                  num_attention_heads=cfg.num_heads, max_position_embeddings=cfg.max_position,
+                  tie_word_embeddings=cfg.tie_embeddings, use_cache=True)
+    if cfg.family == "opt":  # pre-norm, biases, ReLU, no projected embedding (what liac models)
+        return AutoConfig.for_model("opt", ffn_dim=cfg.ffn_dim, word_embed_proj_dim=cfg.hidden_size,
+                                    do_layer_norm_before=True, enable_bias=cfg.qkv_bias, activation_function="relu",
+                                    pad_token_id=1, bos_token_id=2, eos_token_id=2, dropout=0.0,
+                                    attention_dropout=0.0, **common)
+    common.update(intermediate_size=cfg.ffn_dim, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                  rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, hidden_act="silu")
+    if cfg.rope_type == "llama3":
+        common["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
+                                  "low_freq_factor": cfg.rope_low_freq_factor,
+                                  "high_freq_factor": cfg.rope_high_freq_factor,
+                                  "original_max_position_embeddings": cfg.rope_original_max_position}
+    elif cfg.rope_type != "default":
+        raise ValueError(f"--model: rope_type '{cfg.rope_type}' is not built by this driver (default, llama3)")
+    if cfg.family == "llama":
+        return AutoConfig.for_model("llama", attention_bias=cfg.qkv_bias, mlp_bias=cfg.proj_bias, **common)
+    if cfg.family == "qwen2":
+        return AutoConfig.for_model("qwen2", use_sliding_window=False, **common)
+    if cfg.family == "mixtral":
+        return AutoConfig.for_model("mixtral", num_local_experts=cfg.num_experts,
+                                    num_experts_per_tok=cfg.experts_top_k, sliding_window=None, **common)
+    raise ValueError(f"--model: family '{cfg.family}' is not built by this driver")
+
+
+def _meta_model(cfg):
     import torch
     from accelerate import init_empty_weights
-    from transformers import OPTForCausalLM
+    from transformers import AutoModelForCausalLM
 
     with init_empty_weights():
-        model = OPTForCausalLM(hf_opt_config(shapes))
+        model = AutoModelForCausalLM.from_config(hf_config(cfg))
     model.tie_weights()  # built untied under init_empty_weights: tie now, so the map and the fill see one tensor
     model.to(torch.bfloat16)
     model.eval()
     return model
+
+
+def no_split_modules(model) -> list[str]:
+    """The module classes Accelerate must not split across devices: the model's own list (its decoder layer)."""
+    return sorted(getattr(model, "_no_split_modules", None) or [])
 
 
 def device_for(name: str, device_map: dict):
@@ -91,7 +141,7 @@ def plan_device_map(model, gpu_budget_bytes: int, cpu_bytes: int) -> dict:
     from accelerate import infer_auto_device_map
 
     return infer_auto_device_map(model, max_memory={0: gpu_budget_bytes, "cpu": cpu_bytes},
-                                 no_split_module_classes=NO_SPLIT, dtype=torch.bfloat16)
+                                 no_split_module_classes=no_split_modules(model), dtype=torch.bfloat16)
 
 
 def _fill_random(tensor, block) -> None:
@@ -190,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     with result.guard():
         import torch
 
-        shapes = opt_shapes(args.model)
-        result["model"] = shapes.name
+        cfg = model_config(args.model, args.layers)
+        result["model"] = cfg.name
         if args.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("CUDA is not available: run on the GPU machine, or pass '--device cpu' (tests)")
         budget = int(args.gpu_budget_gib * GIB)
         result["settings"] = {"device_map": "infer_auto_device_map", "max_memory_gpu_bytes": budget,
-                              "max_memory_cpu_bytes": int(args.cpu_mem_gib * GIB), "no_split_module_classes": NO_SPLIT,
+                              "max_memory_cpu_bytes": int(args.cpu_mem_gib * GIB), "no_split_module_classes": None,
                               "cpu_weights": "pinned" if args.pinned else "pageable (Accelerate's default)",
                               "dtype": "bfloat16", "attn_implementation": None, "decoding": "greedy, KV cache",
                               "transformers": __import__("transformers").__version__,
@@ -204,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         result["notes"].append("Accelerate's max_memory bounds the weights placed on the GPU only: the KV cache, "
                                "activations and offloaded layers being copied in add to the peak reported here")
         start = time.perf_counter()
-        model = _meta_model(shapes)
+        model = _meta_model(cfg)
+        result["settings"]["no_split_module_classes"] = no_split_modules(model)
         result["settings"]["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
         if args.device == "cuda":
             device_map = plan_device_map(model, budget, int(args.cpu_mem_gib * GIB))
@@ -225,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      if ".layers." in f".{k}." and v in ("cpu", "disk"))
         device = "cuda:0" if args.device == "cuda" else "cpu"
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-        ids = torch.tensor(random_token_ids(args.batch, args.prompt_len, shapes.vocab_size, args.seed),
+        ids = torch.tensor(random_token_ids(args.batch, args.prompt_len, cfg.vocab_size, args.seed),
                            dtype=torch.long, device=device)
         warm = ids[:, : min(8, args.prompt_len)]
         generate_timed(model, warm, 2, sync)  # CUDA/cuBLAS start-up, hooks' first call: not timed

@@ -61,7 +61,7 @@ def base_parser(prog: str, description: str, gen_len_default: int) -> argparse.A
     """The flags every peer driver takes (the workload and where the result goes)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--model", default="opt-30b",
-                        help="liac zoo name of an OPT model, or an HF OPT config.json (default: opt-30b)")
+                        help="liac zoo name or an HF config.json (flexgen_opt.py: OPT only; default: opt-30b)")
     parser.add_argument("--batch", type=positive_int, default=1, help="sequences generated together (default 1)")
     parser.add_argument("--prompt-len", type=positive_int, default=128, help="prompt tokens (default 128)")
     parser.add_argument("--gen-len", type=positive_int, default=gen_len_default,
