@@ -199,22 +199,7 @@ class Bench:
         self._update_run_profile(fields, "bench/h200.py rates stage, in the same call as the runs")
 
     def _update_run_profile(self, fields: dict, source: str) -> None:
-        """run-profile.yaml: the call's profile with the fields this call measured (a profile `--hw` takes)."""
-        import yaml
-
-        from liac.fileio import write_atomic
-        from liac.profile import OPTIONAL_FIELDS
-
-        path = self.out / "run-profile.yaml"
-        profile = yaml.safe_load((path if path.exists() else self.profile_path).read_text())
-        for field, value in fields.items():
-            if field in profile or field in OPTIONAL_FIELDS:
-                profile[field] = value
-                profile.setdefault("sources", {})[field] = source
-                if field in profile.get("estimates", []):
-                    profile["estimates"].remove(field)
-        profile["name"] = "h200-run"
-        write_atomic(path, yaml.safe_dump(profile, sort_keys=True))
+        update_run_profile(self.out / "run-profile.yaml", self.profile_path, fields, source)
 
     def runs(self) -> None:
         from run_plans import RunSpec, run_plans
@@ -317,28 +302,64 @@ class Bench:
     def footprint(self) -> None:
         import torch
 
-        from liac.fileio import write_atomic
-        from liac.host import footprint_probes, with_footprint
-        from liac.profile import load_profile
-        from liac.runtime.footprint import measure_footprint
-
         if self.args.emulate or not torch.cuda.is_available():
             self.summary["skipped"].append({"stage": "footprint", "reason": "no CUDA device"})
             return
-        base = load_profile(self.profile_path)
-        probes = footprint_probes(base)
-        measured = measure_footprint([(p.plan, p.batch, p.prompt_len) for p in probes])
-        profile = with_footprint(base, probes, measured.library_bytes, measured.context_bytes,
-                                 measured.activation_bytes)
-        record = {"library_bytes": measured.library_bytes, "context_bytes": measured.context_bytes,
-                  "runs": [{"plan": p.plan.metadata.name, "batch": p.batch, "prompt_len": p.prompt_len,
-                            "modelled_activation_bytes": p.activation_bytes, "measured_activation_bytes": m}
-                           for p, m in zip(probes, measured.activation_bytes)],
-                  "profile_fields": {f: getattr(profile, f) for f in ("gpu_context_mib", "gpu_library_workspace_mib",
-                                                                      "gpu_activation_factor")}}
+        record = measure_call_footprint(self.profile_path)
         self.log(f"footprint: {record['profile_fields']}")
         self.summary["footprint"] = record  # in summary.json: a call returns at most 8 files
         self._update_run_profile(record["profile_fields"], "bench/h200.py footprint stage (runtime/footprint.py)")
+
+
+def measure_call_footprint(base_profile, models=None, measure=None) -> dict:
+    """The footprint stage of a benchmark call (bench/h200.py, bench/moe_h200.py): run liac.host's footprint probes
+    (plans of small models; `models` replaces its FOOTPRINT_MODELS) through the runtime on this GPU
+    (runtime/footprint.py `measure_footprint`, or `measure`) → {library_bytes, context_bytes, runs: [...],
+    profile_fields: the Eq. 14 fields of `base_profile` (a path or a HardwareProfile) with what was measured}."""
+    from liac.host import footprint_probes, with_footprint
+    from liac.profile import HardwareProfile, resolve_profile
+
+    if measure is None:
+        from liac.runtime.footprint import measure_footprint as measure
+    base = base_profile if isinstance(base_profile, HardwareProfile) else resolve_profile(str(base_profile))
+    probes = footprint_probes(base) if models is None else footprint_probes(base, models)
+    measured = measure([(p.plan, p.batch, p.prompt_len) for p in probes])
+    profile = with_footprint(base, probes, measured.library_bytes, measured.context_bytes, measured.activation_bytes)
+    return {"library_bytes": measured.library_bytes, "context_bytes": measured.context_bytes,
+            "runs": [{"plan": p.plan.metadata.name, "batch": p.batch, "prompt_len": p.prompt_len,
+                      "modelled_activation_bytes": p.activation_bytes, "measured_activation_bytes": m}
+                     for p, m in zip(probes, measured.activation_bytes)],
+            "profile_fields": {f: getattr(profile, f) for f in ("gpu_context_mib", "gpu_library_workspace_mib",
+                                                                "gpu_activation_factor")}}
+
+
+def update_run_profile(path: Path, base: Path | str, fields: dict, source: str, name: str = "h200-run") -> None:
+    """`path` (run-profile.yaml: a profile `--hw` takes) becomes the profile at `path` if it exists, else `base` (a
+    profile file, or a shipped profile's name), with `fields` (what this call measured) replaced and their source
+    recorded."""
+    import yaml
+
+    from liac.fileio import write_atomic
+    from liac.profile import OPTIONAL_FIELDS
+
+    path = Path(path)
+    if path.exists():
+        text = path.read_text()
+    elif Path(base).exists():
+        text = Path(base).read_text()
+    else:
+        from importlib import resources
+
+        text = (resources.files("liac") / "profiles" / f"{base}.yaml").read_text()
+    profile = yaml.safe_load(text)
+    for field, value in fields.items():
+        if field in profile or field in OPTIONAL_FIELDS:
+            profile[field] = value
+            profile.setdefault("sources", {})[field] = source
+            if field in profile.get("estimates", []):
+                profile["estimates"].remove(field)
+    profile["name"] = name
+    write_atomic(path, yaml.safe_dump(profile, sort_keys=True))
 
 
 def _plan_file(written: list[Path], plan) -> str:

@@ -1,33 +1,46 @@
-"""The MoE benchmark (issue 16): a Mixtral-8x7B-shaped model with the GPU capped, experts on the CPU vs streamed.
+"""The MoE benchmark (issue 16): a Mixtral-8x7B-shaped model with the GPU capped; liac's placements beside HF
+Accelerate's offload and the floor, all compiled for and measured on the machine of the call.
 
     # on the GPU machine, from the repo root, carrying .whl/ (the pulp wheel, as bench/device-call.sh): one call,
     # ≤ 8 min wall, liac installed into /tmp/site first (the compile stage needs liac.passes and pulp)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
     python3 -m pip install -q --no-index --no-build-isolation --no-deps --target /tmp/site . && \
-    PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT
-    # here, as a smoke test (a tiny Mixtral, the GPU emulated on the CPU, quick rates):
+    PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT
+    # here, as a smoke test (a tiny Mixtral, the GPU emulated on the CPU, quick rates, Accelerate on the CPU):
     python bench/moe_h200.py --out /tmp/moe --emulate
 
-What one call does, each step writing under --out as soon as it has it:
-  1. rates     liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H, DDR shared, measured in this
-               call; the shipped h200-amx16 profile with those fields replaced → run-profile.yaml, rates.json.
-  2. compile   per contender, one plan per batch (prompt --prompt-len, --gen-len new tokens) for the GPU budget,
-               with that profile: 'optimal' (liac's ILP: experts resident / on the CPU / streamed by count, splits
-               allowed), 'experts-cpu' (KTransformers' and llama.cpp --n-cpu-moe's placement: the experts unit on
-               the CPU, everything else on the GPU; whole layers may stay resident) and 'experts-streamed' (LIA's
-               all-GPU policy: every expert on the GPU, the non-resident ones copied when routed). → plans.tar.gz
-  3. runs      bench/run_plans.py over ONE set of random bf16 weights (pinned host arena): per run prefill ms,
-               decode ms/token and the plan's prediction, peak GPU memory (per-sublayer times with
-               --profile-steps K: a second prefill per run) → runs.json
-  4. floor     bench/floor.py at the measured rates: the bytes that must move per step → floor.json
-Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch).
+What one call does, each stage writing under --out as soon as it has it (at most 8 files come back from a device
+call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers.json, floor.json):
+  1. footprint  the GPU footprint of this process (bench/h200.py `measure_call_footprint`, the stage `liac profile`
+                and bench/h200.py run: CUDA context, library workspaces, the activation factor of small runs, here
+                with a small Mixtral among the probes) → summary.json 'footprint' and its fields in run-profile.yaml
+  2. rates      liac.probe.measure_rates (≈10 s): CPU GEMV, KV read, pinned H2D/D2H, DDR shared → rates.json and
+                run-profile.yaml: the shipped h200-amx16 profile with what stages 1 and 2 measured
+  3. compile    per contender, one plan per batch (prompt --prompt-len, --gen-len new tokens) for the GPU budget,
+                for run-profile.yaml: 'optimal' (liac's ILP: experts resident / on the CPU / streamed by count,
+                splits allowed), 'experts-cpu' (KTransformers' and llama.cpp --n-cpu-moe's placement: the experts
+                unit on the CPU, everything else on the GPU; whole layers may stay resident) and 'experts-streamed'
+                (LIA's all-GPU policy: every expert on the GPU, the non-resident ones copied when routed) → plans.tar.gz
+  4. kernels    the CPU expert path's kernel on this host (`expert_kernel_rates`): one SwiGLU expert of the model's
+                shape (liac.models.mixtral.expert_ffn, as the runtime calls it) over rotated experts at 1-64 rows,
+                F.linear and torch.mv, thread counts, pageable and page-locked (the runtime's arena is page-locked)
+                → summary.json 'kernels'
+  5. runs       bench/run_plans.py over ONE set of random bf16 weights (pinned host arena), batch 1 of every
+                contender first: per run prefill ms, decode ms/token and the plan's prediction, peak GPU memory, and
+                (--profile-steps) a synchronised per-op pass → runs.json; summary.json 'breakdown': per decode step,
+                ms in attention, router, experts (their CPU part, GPU part and routing), stream waits, LM head
+  6. peers      bench/peers/accelerate_opt.py on the same model shape: Accelerate's device_map offload with pinned
+                CPU weights at --peer-batches, then (time allowing) its default pageable weights at batch 1 →
+                peers.json
+  7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json
+Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
+and liac's batch-1 decode against Accelerate's.
 
 The model is Mixtral-8x7B's shape (hidden 4096, 8 experts of 14336, top-2, GQA 32/8) with --layers decoder layers
 (default 16 of 32): 32 layers are 87 GiB of bf16, whose page-locked arena alone takes minutes to allocate and fill
 on that machine, leaving too little of the 8 minutes for the runs. The default GPU budget (--gpu-budget-gib 12) is
 the issue's 24 GiB scaled by 16/32: the same fraction of the model fits as 24 GiB of the full 8x7B. Per-token times
 of the full model are ~2× these (every layer is alike); the prediction error is what carries over.
-Accelerate is not run: bench/peers/accelerate_opt.py builds OPT only (see the report in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -35,11 +48,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
-from importlib import resources
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,12 +62,27 @@ from run_plans import RunSpec, _import_liac, run_plans  # noqa: E402
 
 _import_liac()
 
+from h200 import measure_call_footprint, update_run_profile  # noqa: E402
+
+from liac.models.config import ModelConfig  # noqa: E402
 from liac.sizes import GIB  # noqa: E402
 
 # The contenders: a policy name for liac.api.compile_plans (None: the optimum). 'experts-cpu' is a fixed policy over
 # the six decoder units (qkv, attn_score, attn_context, out_proj, router, experts; 1 = GPU), registered here only.
 CONTENDERS = {"optimal": None, "experts-cpu": "experts-cpu", "experts-streamed": "lia-gpu"}
 EXPERTS_CPU = ((1, 1, 1, 1, 1, 0),)
+STAGES = ("footprint", "rates", "compile", "kernels", "runs", "peers", "floor")
+BASE_PROFILE = "h200-amx16"
+# A small Mixtral among the footprint probes: an MoE layer's activations (tokens gathered per expert, partial sums)
+# are not a dense layer's, and the activation factor is the largest measured-over-modelled ratio of the probes.
+MOE_PROBE = ModelConfig(name="probe-mixtral", family="mixtral", hidden_size=1024, num_layers=2, num_heads=16,
+                        num_kv_heads=4, head_dim=64, ffn_dim=1408, vocab_size=4096, max_position=1024,
+                        norm="rmsnorm", norm_eps=1e-5, activation="silu", qkv_bias=False, proj_bias=False,
+                        tie_embeddings=False, rope_theta=1e6, num_experts=8, experts_top_k=2)
+# Per decode step, where the time of the synchronised profiling pass goes (runtime/metrics.py 'sublayers' rows).
+CATEGORIES = {"embed": "embed", "qkv": "attention", "attn": "attention", "attn_score": "attention",
+              "attn_context": "attention", "out_proj": "attention", "router": "router", "experts": "experts",
+              "lm_head": "lm_head", "wait": "stream_wait", "release": "stream_wait"}
 
 
 def model_config(layers: int, emulate: bool):
@@ -65,6 +93,72 @@ def model_config(layers: int, emulate: bool):
         return dataclasses.replace(cfg.with_layers(2), name="mixtral-tiny", hidden_size=128, ffn_dim=256,
                                    num_heads=4, num_kv_heads=2, head_dim=32, vocab_size=512)
     return cfg.with_layers(layers) if layers != cfg.num_layers else cfg
+
+
+def expert_kernel_rates(cfg, rotate_bytes: int, rows=(1, 2, 4, 8, 16, 32, 64), repeats: int = 3,
+                        pin=None) -> dict:
+    """GB/s of expert weights one SwiGLU expert of `cfg`'s shape reads on the CPU (liac.models.mixtral.expert_ffn
+    over ≥ `rotate_bytes` of rotated bf16 experts, so none is cached), by rows (tokens routed to the expert), with
+    F.linear ('linear') and, at 1 row, the runtime's torch.mv kernel ('mv'); at 1 row also by thread count; with
+    `pin` (a function that page-locks a tensor in place, e.g. CudaBackend.pin) again from page-locked memory."""
+    import torch
+
+    from liac.models.mixtral import expert_ffn
+    from liac.runtime.kernels import CPU_LINEAR
+
+    D, F = cfg.hidden_size, cfg.ffn_dim
+    one = 3 * D * F * 2
+    count = max(2, -(-rotate_bytes // one))
+    gate_up = torch.empty(count, 2 * F, D, dtype=torch.bfloat16).normal_(0.0, 0.02)
+    down = torch.empty(count, D, F, dtype=torch.bfloat16).normal_(0.0, 0.02)
+
+    def rate(m: int, kernel: str = "linear") -> float:
+        x = torch.randn(m, D, dtype=torch.bfloat16)
+        best = float("inf")
+        with torch.inference_mode():
+            for round_ in range(repeats + 1):
+                began = time.perf_counter()
+                for e in range(count):
+                    expert_ffn(gate_up[e], down[e], x, CPU_LINEAR[kernel])
+                if round_:  # the first round: oneDNN's kernel choice, first touch
+                    best = min(best, time.perf_counter() - began)
+        return round(count * one / best / 1e9, 2)
+
+    out = {"expert_bytes": one, "experts_rotated": count, "threads": torch.get_num_threads(),
+           "linear_gb_per_s_by_rows": {str(m): rate(m) for m in rows}, "mv_gb_per_s_1_row": rate(1, "mv")}
+    threads = torch.get_num_threads()
+    by_threads = {}
+    for t in sorted({max(1, threads // 2), max(1, threads - 1), threads}):
+        torch.set_num_threads(t)
+        try:
+            by_threads[str(t)] = rate(1)
+        finally:
+            torch.set_num_threads(threads)
+    out["linear_gb_per_s_1_row_by_threads"] = by_threads
+    if pin is not None and pin(gate_up) and pin(down):
+        out["pinned_linear_gb_per_s_by_rows"] = {str(m): rate(m) for m in (1, 8)}
+    return out
+
+
+def decode_breakdown(rows: list[dict], layer_counts: dict[str, int]) -> dict:
+    """Per decode step, ms of the synchronised profiling pass (runtime/metrics.py 'sublayers' rows: mean per layer
+    per pass) by category (CATEGORIES), each row × its group's layer count; the experts' split rows also by part:
+    'experts_cpu_part', 'experts_gpu_part' (resident and streamed experts, the copies included) and
+    'experts_route' (the routing read on the host); 'total' is the pass's step, which syncs after every op."""
+    out: dict[str, float] = {}
+    for row in rows:
+        if row["phase"] != "decode" or row.get("measured_ms") is None:
+            continue
+        count = layer_counts.get(row["group"], 1)
+        name = CATEGORIES.get(row["sublayers"][0], "other")
+        if name == "experts":
+            name = {"cpu": "experts_cpu", "gpu": "experts_gpu"}.get(row["device"], "experts_split")
+            for part in ("cpu_part", "gpu_part", "route"):
+                if row.get(f"measured_{part}_ms") is not None:
+                    out[f"experts_{part}"] = out.get(f"experts_{part}", 0.0) + row[f"measured_{part}_ms"] * count
+        out[name] = out.get(name, 0.0) + row["measured_ms"] * count
+    out["total"] = sum(v for k, v in out.items() if not k.endswith(("_part", "_route")))
+    return {k: round(v, 3) for k, v in sorted(out.items())}
 
 
 class MoeBench:
@@ -105,38 +199,60 @@ class MoeBench:
         self.save()
 
     # -- stages ------------------------------------------------------------------------------------------------
-    def rates(self) -> None:
-        import yaml
+    def footprint(self, measure=None) -> None:
+        import torch
 
+        if measure is None and (self.args.emulate or not torch.cuda.is_available()):
+            self.summary["skipped"].append({"stage": "footprint", "reason": "no CUDA device"})
+            return
+        from liac.host import FOOTPRINT_MODELS
+
+        try:
+            record = measure_call_footprint(BASE_PROFILE, models=(*FOOTPRINT_MODELS, MOE_PROBE), measure=measure)
+        except Exception as e:  # the MoE probe is this script's addition: the dense probes alone still serve
+            self.log(f"footprint with the Mixtral probe failed ({type(e).__name__}: {e}): measuring the dense ones")
+            self.summary["skipped"].append({"stage": "footprint", "probe": MOE_PROBE.name,
+                                            "reason": f"{type(e).__name__}: {e}"[:300]})
+            record = measure_call_footprint(BASE_PROFILE, models=FOOTPRINT_MODELS, measure=measure)
+        self.log(f"footprint: {record['profile_fields']}")
+        self.summary["footprint"] = record
+        update_run_profile(self.profile, BASE_PROFILE, record["profile_fields"],
+                           "bench/moe_h200.py footprint stage (runtime/footprint.py), in the same call as the runs",
+                           name="h200-moe-run")
+
+    def rates(self) -> None:
         from liac.fileio import write_atomic
         from liac.probe import ProbeSizes, measure_rates
 
-        profile = yaml.safe_load((resources.files("liac") / "profiles" / "h200-amx16.yaml").read_text())
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
             weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
         began = time.monotonic()
         rates = {k: round(v, 3) for k, v in measure_rates(sizes, use_gpu=False if self.args.emulate else None).items()}
         self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}")
         write_atomic(self.out / "rates.json", json.dumps(rates, indent=1, sort_keys=True) + "\n")
-        for field, value in rates.items():
-            if field in profile:
-                profile[field] = value
-                profile.setdefault("sources", {})[field] = "bench/moe_h200.py rates, in the same call as the runs"
-        profile["name"] = "h200-moe-run"
-        write_atomic(self.profile, yaml.safe_dump(profile, sort_keys=True))
+        update_run_profile(self.profile, BASE_PROFILE, rates, "bench/moe_h200.py rates, in the same call as the runs",
+                           name="h200-moe-run")
 
     def compile(self) -> None:
         from liac.api import compile_plans, write_plans
+        from liac.errors import LiacError
         from liac.passes import ilp
 
         ilp.POLICIES.setdefault("experts-cpu", EXPERTS_CPU)
-        hw = str(self.profile) if self.profile.exists() else "h200-amx16"
+        hw = str(self.profile) if self.profile.exists() else BASE_PROFILE
+        self.summary["compiled_for"] = hw
         folder = Path(tempfile.mkdtemp(prefix="liac-moe-plans-"))
         budget = int(self.args.gpu_budget_gib * GIB)
         for contender, policy in CONTENDERS.items():
             began = time.monotonic()
-            result = compile_plans(self.cfg, hw, batches=tuple(self.args.batches), prompt_len=self.args.prompt_len,
-                                   gen_len=self.args.gen_len, gpu_mem=budget, policy=policy)
+            try:
+                result = compile_plans(self.cfg, hw, batches=tuple(self.args.batches),
+                                       prompt_len=self.args.prompt_len, gen_len=self.args.gen_len, gpu_mem=budget,
+                                       policy=policy)
+            except LiacError as e:  # no batch of this contender fits: the others still run
+                self.summary["skipped"].append({"stage": "compile", "contender": contender, "reason": e.line()})
+                self.log(f"compile {contender}: {e.line()}")
+                continue
             written = {path.stem: path for path in write_plans(result, folder / contender)}
             for point in result.points:
                 plan = point.plan
@@ -148,7 +264,8 @@ class MoeBench:
                     "contender": contender, "batch": plan.spec.workload.batch_size, "plan": str(path),
                     "predicted_prefill_ms": round(plan.status.predicted.prefill_seconds * 1e3, 3),
                     "predicted_decode_ms_per_token": round(plan.status.predicted.decode_seconds_per_token * 1e3, 3),
-                    "experts_layers_hbm_prefillcpu_decodecpu": experts})
+                    "experts_layers_hbm_prefillcpu_decodecpu": experts,
+                    "layer_counts": {g.name: g.layer_count for g in plan.spec.layer_groups}})
             for batch, reason in result.infeasible:
                 self.summary["skipped"].append({"stage": "compile", "contender": contender, "batch": batch,
                                                 "reason": reason})
@@ -158,18 +275,95 @@ class MoeBench:
         with tarfile.open(self.out / "plans.tar.gz", "w:gz") as tar:
             tar.add(folder, arcname="plans")
 
+    def kernels(self) -> None:
+        import torch
+
+        pin = None
+        if not self.args.emulate and torch.cuda.is_available():
+            from liac.runtime.backend import CudaBackend
+
+            pin = CudaBackend().pin
+        began = time.monotonic()
+        record = expert_kernel_rates(self.cfg, (GIB // 64) if self.args.emulate else 2 * GIB,
+                                     repeats=1 if self.args.emulate else 3, pin=pin)
+        self.log(f"expert kernel rates in {time.monotonic() - began:.0f} s: {record}")
+        self.summary["kernels"] = record
+        import gc
+
+        gc.collect()
+
     def runs(self) -> None:
-        plans = self.summary["plans"]
+        # batch 1 of every contender first (the issue's aim), then the larger batches
+        order = {c: i for i, c in enumerate(CONTENDERS)}
+        plans = sorted(self.summary["plans"], key=lambda p: (p["batch"], order[p["contender"]]))
         specs = [RunSpec(p["plan"], gen_len=self.args.measure_gen_len) for p in plans]
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
         self.summary["runs_index"] = (["warmup"] if len(specs) > len(plans) else []) + \
             [f"{p['contender']}:b{p['batch']}" for p in plans]
         self.save()
-        per_run = min(self.args.max_run_seconds, max(20.0, self.left() / max(1, len(specs))))
-        run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=per_run,
-                  profile_steps=self.args.profile_steps,
-                  emulate_gpu=True if self.args.emulate else None, log=self.log)
+        deadline = self.began + self.args.deadline_s - self.args.reserve_s
+        run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
+                  profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
+                  log=self.log, deadline=deadline)
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():  # the peers start processes of their own on this GPU
+            torch.cuda.empty_cache()
+
+    def peers(self) -> None:
+        from liac.fileio import write_atomic
+
+        script = str(HERE / "peers" / "accelerate_opt.py")
+        model = ["--model", "mixtral-8x7b", "--layers", str(self.cfg.num_layers)]
+        if self.args.emulate:  # the tiny model as an HF config.json, run on the CPU
+            sys.path.insert(0, str(HERE / "peers"))
+            from accelerate_opt import hf_config
+
+            model_file = Path(tempfile.mkdtemp(prefix="liac-moe-peer-")) / "config.json"
+            model_file.write_text(json.dumps(hf_config(self.cfg).to_dict(), default=str))
+            model = ["--model", str(model_file), "--device", "cpu"]
+        jobs = []
+        for batch in self.args.peer_batches:
+            jobs.append(("accelerate-pinned", batch, ["--pinned", "--gen-len", "4"]))
+        if "accelerate" in self.args.peers:  # Accelerate's default: pageable weights, a few GB/s; 2 tokens suffice
+            jobs.append(("accelerate", 1, ["--gen-len", "2"]))
+        results = []
+        for name, batch, extra in jobs:
+            if name not in self.args.peers:
+                continue
+            left = self.left() - 15  # the floor stage and the table after it
+            if left < 45:
+                self.summary["skipped"].append({"stage": "peers", "peer": name, "batch": batch,
+                                                "reason": "out of time"})
+                continue
+            json_out = self.out / f".peer-{len(results):02d}.json"
+            command = [sys.executable, script, *model, "--batch", str(batch), "--prompt-len",
+                       str(self.args.prompt_len), "--gpu-budget-gib", str(self.args.gpu_budget_gib), *extra,
+                       "--json-out", str(json_out)]
+            record = {"peer": name, "batch": batch, "command": command[1:]}
+            began = time.monotonic()
+            try:
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=min(self.args.peer_timeout_s,
+                                                                                           left))
+                record["returncode"] = proc.returncode
+                record["stderr_tail"] = proc.stderr[-1500:]
+                if json_out.exists():
+                    record["result"] = json.loads(json_out.read_text())
+            except subprocess.TimeoutExpired:
+                record["error"] = "timed out"
+            finally:
+                if json_out.exists():
+                    json_out.unlink()
+            record["wall_seconds"] = round(time.monotonic() - began, 1)
+            results.append(record)
+            result = record.get("result") or {}
+            self.log(f"peer {name} b{batch}: decode {result.get('decode_ms_per_token')} ms/token, prefill "
+                     f"{result.get('prefill_ms')} ms, error {result.get('error') or record.get('error')}")
+            write_atomic(self.out / "peers.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
 
     def floor(self) -> None:
         from floor import workload_floor
@@ -178,7 +372,7 @@ class MoeBench:
         from liac.passes import trace_model
         from liac.profile import resolve_profile
 
-        hw = resolve_profile(str(self.profile) if self.profile.exists() else "h200-amx16")
+        hw = resolve_profile(str(self.profile) if self.profile.exists() else BASE_PROFILE)
         graph = trace_model(self.cfg)
         floors = []
         for batch in self.args.batches:
@@ -188,10 +382,12 @@ class MoeBench:
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
     def table(self) -> None:
-        """Measured vs predicted vs floor, one line per run (also into summary.json)."""
+        """Measured vs predicted vs floor, one line per run, each run's decode-step breakdown, and Accelerate's
+        decode beside liac's batch-1 optimum (also into summary.json)."""
         runs = json.loads((self.out / "runs.json").read_text())["runs"] if (self.out / "runs.json").exists() else []
         floors = {f["batch"]: f for f in json.loads((self.out / "floor.json").read_text())} \
             if (self.out / "floor.json").exists() else {}
+        plans = {f"{p['contender']}:b{p['batch']}": p for p in self.summary["plans"]}
         index = self.summary.get("runs_index", [])
         rows = []
         print(f"{'contender':>17} {'batch':>5} | {'prefill ms':>10} {'pred':>8} {'floor':>8} | {'decode ms/tok':>13} "
@@ -208,6 +404,9 @@ class MoeBench:
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
+            sublayers = (run.get("metrics") or {}).get("sublayers") or []
+            if sublayers and name in plans:
+                row["decode_breakdown_ms"] = decode_breakdown(sublayers, plans[name].get("layer_counts", {}))
             rows.append(row)
             if got and got.get("decode_ms_per_token"):
                 error = got["decode_ms_per_token"] / run["predicted"]["decode_ms_per_token"] - 1
@@ -215,9 +414,30 @@ class MoeBench:
                       f"{row.get('floor_prefill_ms') or float('nan'):8.1f} | "
                       f"{got['decode_ms_per_token']:13.1f} {run['predicted']['decode_ms_per_token']:8.1f} "
                       f"{row['floor_decode_ms_per_token'] or float('nan'):8.1f} | {error:+.0%}")
+                if "decode_breakdown_ms" in row:
+                    print(f"{'':>17} {'':>5}   profiled decode step, ms: " + ", ".join(
+                        f"{k} {v:.1f}" for k, v in row["decode_breakdown_ms"].items()))
             else:
                 print(f"{contender:>17} {batch:>5} | {row['note']}")
         self.summary["table"] = rows
+        peers = json.loads((self.out / "peers.json").read_text()) if (self.out / "peers.json").exists() else []
+        versus = []
+        for peer in peers:
+            result = peer.get("result") or {}
+            ours = next((r["measured"] for r in rows if r["contender"] == "optimal" and r["batch"] == peer["batch"]
+                         and r["measured"]), None)
+            line = {"peer": peer["peer"], "batch": peer["batch"],
+                    "decode_ms_per_token": result.get("decode_ms_per_token"), "prefill_ms": result.get("prefill_ms"),
+                    "error": result.get("error") or peer.get("error")}
+            if ours and result.get("decode_ms_per_token"):
+                line["liac_optimal_decode_speedup"] = round(result["decode_ms_per_token"]
+                                                            / ours["decode_ms_per_token"], 2)
+            versus.append(line)
+            print(f"{peer['peer']:>17} {peer['batch']:>5} | {result.get('prefill_ms') or float('nan'):10.1f} "
+                  f"{'':>8} {'':>8} | {result.get('decode_ms_per_token') or float('nan'):13.1f} {'':>8} {'':>8} | "
+                  + (f"liac optimum {line['liac_optimal_decode_speedup']:.1f}x faster"
+                     if "liac_optimal_decode_speedup" in line else str(line["error"])))
+        self.summary["peers"] = versus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,20 +449,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=32, help="new tokens the plans are compiled for")
     parser.add_argument("--measure-gen-len", type=int, default=8, help="new tokens each timed run generates")
-    parser.add_argument("--profile-steps", type=int, default=0,
-                        help="decode steps of a per-sublayer profiling pass after each run (0: none; it costs a prefill)")
+    parser.add_argument("--profile-steps", type=int, default=1,
+                        help="decode steps of a synchronised per-op profiling pass after each run (0: none; it "
+                             "costs a prefill); its rows give summary.json's decode breakdown")
     parser.add_argument("--max-run-seconds", type=float, default=60.0, help="skip runs predicted to take longer")
-    parser.add_argument("--deadline-s", type=float, default=450.0, help="wall-clock budget of the runs")
-    parser.add_argument("--stages", default="rates,compile,runs,floor")
+    parser.add_argument("--peers", default="accelerate-pinned,accelerate",
+                        help="Accelerate with pinned CPU weights, and with its default pageable ones (batch 1)")
+    parser.add_argument("--peer-batches", type=lambda s: [int(b) for b in s.split(",") if b], default=[1],
+                        help="batches of the pinned Accelerate runs")
+    parser.add_argument("--peer-timeout-s", type=float, default=150.0, help="wall-clock cap of one peer run")
+    parser.add_argument("--deadline-s", type=float, default=420.0, help="wall-clock budget of this call")
+    parser.add_argument("--reserve-s", type=float, default=150.0,
+                        help="seconds the runs leave for the stages after them (peers, floor)")
+    parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--emulate", action="store_true", help="smoke test here: a tiny Mixtral, GPU emulated")
     args = parser.parse_args(argv)
+    args.peers = [p for p in args.peers.split(",") if p]
     if args.emulate:
-        args.gpu_budget_gib, args.batches, args.prompt_len, args.gen_len = 0.001, [1, 4], 16, 8
-        args.measure_gen_len = 4
+        # 1 GiB: the profile's CUDA context (0.75 GiB) counts in the budget, the tiny model fits beside it
+        args.gpu_budget_gib, args.batches, args.prompt_len, args.gen_len = 1.0, [1, 4], 16, 8
+        args.measure_gen_len, args.reserve_s = 4, 60.0
+    stages = [s for s in args.stages.split(",") if s]
+    for name in stages:
+        if name not in STAGES:
+            raise SystemExit(f"--stages: unknown stage {name!r} (one of {', '.join(STAGES)})")
     bench = MoeBench(args)
-    for name in [s for s in args.stages.split(",") if s]:
-        if name not in ("rates", "compile", "runs", "floor"):
-            raise SystemExit(f"--stages: unknown stage {name!r}")
+    for name in stages:
         bench.stage(name, getattr(bench, name))
     bench.table()
     bench.save()

@@ -242,16 +242,16 @@ class FootprintProbe:
     activation_bytes: int  # Eq. 14's live-set model (the class maximum over the units on either device)
 
 
-def footprint_probes(base: HardwareProfile) -> list[FootprintProbe]:
-    """Plans of small models (FOOTPRINT_MODELS × FOOTPRINT_POINTS × FOOTPRINT_POLICIES) for a GPU, with their
-    modelled activation peaks. Their weights sit in HBM where the policy lets them (a budget of 8 GiB)."""
+def footprint_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FOOTPRINT_MODELS) -> list[FootprintProbe]:
+    """Plans of small models (`models` × FOOTPRINT_POINTS × FOOTPRINT_POLICIES) for a GPU, with their modelled
+    activation peaks. Their weights sit in HBM where the policy lets them (a budget of 8 GiB)."""
     # late import: the compiler (numpy, pulp, torch for tracing) only when measuring a GPU
     from liac.api import compile_plans
     from liac.passes.costs import Workload, class_activation_peak
     from liac.passes.trace import trace_model
 
     probes = []
-    for cfg in FOOTPRINT_MODELS:
+    for cfg in models:
         graph = trace_model(cfg)
         for batch, prompt in FOOTPRINT_POINTS:
             modelled = class_activation_peak(graph, "decoder", Workload(batch, prompt, 2))

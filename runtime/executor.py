@@ -319,18 +319,20 @@ class Executor:
                 continue
             sync()
             begin = time.perf_counter()
-            if op.split is not None:
+            if op.split is not None or op.device == "split":  # a split unit, or experts on both devices
                 self._part_seconds = []
             step(frame)
             sync()
             key = (op.group, op.sublayers, phase, op.device) if op.sublayers else (op.group, (op.kind,), phase, "gpu")
             entries = [(key, time.perf_counter() - begin)]
-            if op.split is not None:
+            if self._part_seconds is not None:
                 (part,) = self._part_seconds
                 self._part_seconds = None
                 # CUDA: the GPU part's own time from events; emulated: it ran synchronously in the launch
                 gpu_seconds = part.start.elapsed_time(part.end) / 1e3 if self.backend.name == "cuda" else part.launched
                 entries += [(key[:3] + ("split:cpu",), part.cpu_seconds), (key[:3] + ("split:gpu",), gpu_seconds)]
+                if part.route is not None:  # an experts op: the routing read on the host, before either part
+                    entries.append((key[:3] + ("split:route",), part.route))
             for name, seconds in entries:
                 if into is None:
                     timings.setdefault(name, []).append(seconds)
@@ -752,16 +754,32 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         experts = gpu_experts(counts) if device == "gpu" else ((e, *host_expert(e)) for e in on_cpu)
         return experts_partial(h.reshape(-1, h.shape[-1]), routing, experts, kernels[device])
 
-    devices = run.devices()
+    devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
+    backend = ex.backend
 
     def step(frame: Frame) -> None:
         vals = frame.vals
+        timed = ex._part_seconds if len(devices) == 2 else None  # a list only in a split op's profiling pass
+        began = time.perf_counter()
         _run_moves(transfer, vals, pre)
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
         partial = {}
-        for device in sorted(devices, key=("gpu", "cpu").index):  # GPU launches return at once: the CPU works meanwhile
-            partial[device] = part(device, vals, counts)
+        if timed is None:
+            for device in devices:
+                partial[device] = part(device, vals, counts)
+        else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
+            routed = time.perf_counter() - began
+            start = backend.timing_event()
+            start.record()
+            began = time.perf_counter()
+            partial["gpu"] = part("gpu", vals, counts)
+            end = backend.timing_event()
+            end.record()
+            launched = time.perf_counter() - began
+            began = time.perf_counter()
+            partial["cpu"] = part("cpu", vals, counts)
+            timed.append(_PartTiming(time.perf_counter() - began, start, end, launched, routed))
         out = {}
         for device in run.merge_on:  # the partial sums meet here, then the residual (HF: residual + experts' sum)
             total = None
@@ -828,6 +846,7 @@ class _PartTiming(NamedTuple):
     start: object
     end: object
     launched: float
+    route: float | None = None  # an experts op: the seconds its routing took on the host (moves, counts)
 
 
 def _split_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:

@@ -105,6 +105,8 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
         if device == "split":
             split = part_seconds.get((group, names, phase), {})
             row.update(measured_cpu_part_ms=_ms(split.get("cpu")), measured_gpu_part_ms=_ms(split.get("gpu")))
+            if "route" in split:  # experts on both devices: the routing read on the host before the parts
+                row["measured_route_ms"] = _ms(split["route"])
         sublayers.append(row)
     transfers = generation.transfers or engine.backend.transfers.totals()  # the timed run's, not the profile's
     memory = [{"tier": tier, **{k: v for k, v in values.items()}}

@@ -210,3 +210,22 @@ def test_left_padded_prompts_match_hf_generate(checkpoints, placement):
     engine = Engine.from_plan(plan, directory, backend=make_test_backend("emulated"), dtype=torch.float32)
     out = engine.generate(ids, new, attention_mask=mask)
     assert torch.equal(out.token_ids, expected)
+
+
+def test_profile_times_the_experts_parts_and_the_routing(checkpoints):
+    """The per-op profile of a plan whose experts run on both devices: each experts row of the metrics carries its
+    CPU part, its GPU part (resident and streamed experts) and the routing read on the host before them, each inside
+    the row's own time (the next device run reads where an MoE step's time goes from these)."""
+    from liac.runtime.backend import EmulatedBackend
+    from liac.runtime.metrics import build_metrics
+
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(_plan(cfg, "mixed"), directory, backend=EmulatedBackend(), dtype=torch.float32)
+    generation = engine.generate(PROMPT, 3)
+    metrics = build_metrics(engine, generation, engine.profile(PROMPT, 2))
+    rows = [r for r in metrics["sublayers"] if r["sublayers"] == ["experts"] and r["device"] == "split"]
+    assert {r["phase"] for r in rows} == {"prefill", "decode"}
+    for row in rows:
+        parts = row["measured_cpu_part_ms"] + row["measured_gpu_part_ms"] + row["measured_route_ms"]
+        assert 0 < row["measured_cpu_part_ms"] and 0 < row["measured_gpu_part_ms"] and 0 < row["measured_route_ms"]
+        assert parts <= row["measured_ms"]  # the emulated GPU part runs in its launch: the three add up inside

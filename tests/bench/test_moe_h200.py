@@ -1,0 +1,103 @@
+"""bench/moe_h200.py: the footprint is measured first (bench/h200.py's footprint stage, with a Mixtral probe) and
+every contender is compiled for the profile holding it; the decode-step breakdown and the expert kernel probe."""
+
+import argparse
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+import moe_h200  # noqa: E402
+
+from liac.host import CONTEXT_MARGIN_MIB  # noqa: E402
+from liac.profile import load_profile  # noqa: E402
+from liac.runtime.footprint import Footprint  # noqa: E402
+from liac.sizes import MIB  # noqa: E402
+
+
+def _bench(tmp_path, **extra):
+    args = argparse.Namespace(out=str(tmp_path / "out"), layers=2, emulate=True, gpu_budget_gib=1.0, batches=[1],
+                              prompt_len=16, gen_len=4, deadline_s=60.0, **extra)
+    return moe_h200.MoeBench(args)
+
+
+def test_footprint_then_compile_uses_the_measured_profile(tmp_path, monkeypatch):
+    """The footprint stage (no CUDA here: the measurement replaced, the probes real plans, the Mixtral probe among
+    them) writes its fields into run-profile.yaml, and the compile stage's plans are for that profile."""
+    monkeypatch.setattr("liac.host.FOOTPRINT_MODELS", ())  # only the Mixtral probe: fewer compiles here
+    seen = []
+
+    def measure(runs):
+        seen.extend(plan.spec.model.name for plan, _, _ in runs)
+        return Footprint(library_bytes=40 * MIB, context_bytes=900 * MIB,
+                         activation_bytes=tuple(10**6 for _ in runs))
+
+    bench = _bench(tmp_path)
+    bench.footprint(measure=measure)
+    assert seen and set(seen) == {"probe-mixtral"}  # one run per probe plan: 2 points × 2 policies
+    assert len(seen) == 4
+    profile = load_profile(bench.profile)
+    assert profile.name == "h200-moe-run"
+    assert profile.gpu_context_mib == pytest.approx(900 + CONTEXT_MARGIN_MIB)
+    assert profile.gpu_library_workspace_mib == pytest.approx(40)
+    fields = bench.summary["footprint"]["profile_fields"]
+    assert fields["gpu_activation_factor"] == profile.gpu_activation_factor >= 1.0
+    monkeypatch.setattr(moe_h200, "CONTENDERS", {"optimal": None})
+    bench.compile()
+    assert bench.summary["compiled_for"] == str(bench.profile)
+    (entry,) = bench.summary["plans"]
+    plan = yaml.safe_load(open(entry["plan"]))
+    assert plan["spec"]["hardware"]["profile"] == "h200-moe-run"
+
+
+def test_rates_keep_the_footprint_fields(tmp_path, monkeypatch):
+    """The rates stage after the footprint stage replaces its own fields only (one run-profile.yaml for both)."""
+    bench = _bench(tmp_path)
+    moe_h200.update_run_profile(bench.profile, moe_h200.BASE_PROFILE, {"gpu_context_mib": 999.0}, "test",
+                                name="h200-moe-run")
+    monkeypatch.setattr("liac.probe.measure_rates", lambda sizes, use_gpu=None: {"cpu_ddr_read_gb_per_s": 12.5})
+    bench.rates()
+    profile = load_profile(bench.profile)
+    assert profile.gpu_context_mib == 999.0 and profile.cpu_ddr_read_gb_per_s == 12.5
+
+
+def test_decode_breakdown_counts_layers_and_parts():
+    rows = [
+        {"group": "decoder-0", "sublayers": ["qkv"], "phase": "decode", "device": "gpu", "measured_ms": 0.1},
+        {"group": "decoder-0", "sublayers": ["attn"], "phase": "decode", "device": "gpu", "measured_ms": 0.2},
+        {"group": "decoder-0", "sublayers": ["router"], "phase": "decode", "device": "gpu", "measured_ms": 0.05},
+        {"group": "decoder-0", "sublayers": ["experts"], "phase": "decode", "device": "split", "measured_ms": 8.0,
+         "measured_cpu_part_ms": 7.0, "measured_gpu_part_ms": 5.0, "measured_route_ms": 0.3},
+        {"group": "decoder-1", "sublayers": ["experts"], "phase": "decode", "device": "cpu", "measured_ms": 9.0},
+        {"group": "decoder-1", "sublayers": ["wait"], "phase": "decode", "device": "gpu", "measured_ms": 1.0},
+        {"group": "head", "sublayers": ["lm_head"], "phase": "decode", "device": "gpu", "measured_ms": 0.5},
+        {"group": "decoder-0", "sublayers": ["experts"], "phase": "prefill", "device": "split", "measured_ms": 99.0},
+    ]
+    out = moe_h200.decode_breakdown(rows, {"decoder-0": 3, "decoder-1": 2, "head": 1})
+    assert out["attention"] == pytest.approx(0.9)
+    assert out["router"] == pytest.approx(0.15)
+    assert out["experts_split"] == pytest.approx(24.0)
+    assert out["experts_cpu_part"] == pytest.approx(21.0) and out["experts_gpu_part"] == pytest.approx(15.0)
+    assert out["experts_route"] == pytest.approx(0.9)
+    assert out["experts_cpu"] == pytest.approx(18.0)
+    assert out["stream_wait"] == pytest.approx(2.0)
+    assert out["total"] == pytest.approx(0.9 + 0.15 + 24.0 + 18.0 + 2.0 + 0.5)  # parts are inside their rows
+
+
+def test_expert_kernel_rates_cover_rows_threads_and_pinned_memory():
+    cfg = moe_h200.model_config(2, emulate=True)
+    pinned = []
+
+    def pin(tensor):
+        pinned.append(tuple(tensor.shape))
+        return True
+
+    out = moe_h200.expert_kernel_rates(cfg, 4 * 3 * cfg.hidden_size * cfg.ffn_dim * 2, rows=(1, 8), repeats=1,
+                                       pin=pin)
+    assert out["experts_rotated"] == 4 and out["expert_bytes"] == 3 * cfg.hidden_size * cfg.ffn_dim * 2
+    assert set(out["linear_gb_per_s_by_rows"]) == {"1", "8"}
+    assert all(v > 0 for v in out["linear_gb_per_s_by_rows"].values()) and out["mv_gb_per_s_1_row"] > 0
+    assert str(torch.get_num_threads()) in out["linear_gb_per_s_1_row_by_threads"]
+    assert pinned == [(4, 2 * cfg.ffn_dim, cfg.hidden_size), (4, cfg.hidden_size, cfg.ffn_dim)]
+    assert set(out["pinned_linear_gb_per_s_by_rows"]) == {"1", "8"}
