@@ -732,26 +732,24 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     names = [p.canonical for p in ex.schedule.params[(op.layer_class, op.layer, "experts")]]  # gate_up, down
     resident = [ex.tensors(name, "hbm") for name in names] if run.hbm else []
     host = [ex.tensors(name, op.weights) for name in names] if run.hbm < run.num_experts else []
-    on_cpu = range(run.hbm, run.hbm + run.cpu)
-    streamed = range(run.hbm + run.cpu, run.num_experts)
     kernels = {device: linear_kernel(device, ex.cpu_linear) for device in ("cpu", "gpu")}
     streamer = ex.streamer
 
     def host_expert(expert: int) -> list[torch.Tensor]:  # the host copy's row 0 is expert `hbm`
         return [t[expert - run.hbm] for t in host]
 
-    def gpu_experts(counts: list[int]):
+    def gpu_experts(routed: list[int]):
         for expert in range(run.hbm):
             yield expert, resident[0][expert], resident[1][expert]
-        routed = [expert for expert in streamed if counts[expert]]
         if routed:
             for expert, (gate_up, down) in streamer.routed_experts(stream_unit, routed, host_expert):
                 yield expert, gate_up, down
 
-    def part(device: str, vals: dict, counts: list[int]) -> torch.Tensor:
+    def part(device: str, vals: dict, counts: list[int], routed: list[int]) -> torch.Tensor:
+        """`routed`: this step's host experts of `device` (ExpertRun.assign), the GPU's resident ones besides."""
         h = vals["h"][device]
         routing = group_by_expert(vals["ei"][device], vals["ew"][device], counts)
-        experts = gpu_experts(counts) if device == "gpu" else ((e, *host_expert(e)) for e in on_cpu)
+        experts = gpu_experts(routed) if device == "gpu" else ((e, *host_expert(e)) for e in routed)
         return experts_partial(h.reshape(-1, h.shape[-1]), routing, experts, kernels[device])
 
     devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
@@ -764,21 +762,22 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         _run_moves(transfer, vals, pre)
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
+        on = dict(zip(("cpu", "gpu"), run.assign(counts)))  # the routed host experts: CPU, streamed
         partial = {}
         if timed is None:
             for device in devices:
-                partial[device] = part(device, vals, counts)
+                partial[device] = part(device, vals, counts, on[device])
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began
             start = backend.timing_event()
             start.record()
             began = time.perf_counter()
-            partial["gpu"] = part("gpu", vals, counts)
+            partial["gpu"] = part("gpu", vals, counts, on["gpu"])
             end = backend.timing_event()
             end.record()
             launched = time.perf_counter() - began
             began = time.perf_counter()
-            partial["cpu"] = part("cpu", vals, counts)
+            partial["cpu"] = part("cpu", vals, counts, on["cpu"])
             timed.append(_PartTiming(time.perf_counter() - began, start, end, launched, routed))
         out = {}
         for device in run.merge_on:  # the partial sums meet here, then the residual (HF: residual + experts' sum)

@@ -135,6 +135,28 @@ class ExpertRun:
         """The devices that compute experts."""
         return (("cpu",) if self.cpu else ()) + (("gpu",) if self.hbm or self.streamed else ())
 
+    def assign(self, counts: list[int]) -> tuple[list[int], list[int]]:
+        """One step's routed host experts (`counts[e]`: tokens routed to expert e): (those the CPU computes, those
+        streamed to the GPU), each ascending. Where the plan has both, the routed ones are shared in the plan's
+        proportion, round(routed · cpu / (cpu + streamed)) on the CPU, each staying on its planned device where the
+        share allows: at batch 1 a layer's two routed experts then go one to each device instead of both to one
+        while the other idles. Every host expert lies in the host tier and the expert slots take any of them, so
+        this moves no weights but the routed ones; when every expert is routed (a prefill, larger batches) it is
+        the plan's placement itself, and it is the expected work the cost model prices (docs/moe.md)."""
+        first, split = self.hbm, self.hbm + self.cpu
+        cpu = [e for e in range(first, split) if counts[e]]
+        streamed = [e for e in range(split, self.num_experts) if counts[e]]
+        if not (self.cpu and self.streamed):
+            return cpu, streamed
+        routed, share = len(cpu) + len(streamed), self.cpu + self.streamed
+        quota = (2 * routed * self.cpu + share) // (2 * share)  # round half up
+        if len(cpu) > quota:  # the CPU's last routed ones go over PCIe
+            cpu, streamed = cpu[:quota], sorted(cpu[quota:] + streamed)
+        elif len(cpu) < quota:  # the first routed streamed ones stay on the CPU
+            take = quota - len(cpu)
+            cpu, streamed = sorted(cpu + streamed[:take]), streamed[take:]
+        return cpu, streamed
+
 
 @dataclass(frozen=True)
 class Split:

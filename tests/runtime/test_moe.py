@@ -10,6 +10,8 @@ sequence at every step (no KV cache, its own routing), so it shares nothing with
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from runtime_plans import BACKENDS, NEW_TOKENS, PROMPT, make_plan, make_test_backend
@@ -118,12 +120,26 @@ def _routed(model, sequence: torch.Tensor) -> list[list[set[int]]]:
     return hit
 
 
+def _streamed_share(hit: set[int], hbm: int, cpu: int, num_experts: int) -> set[int]:
+    """The routed host experts a pass streams when the plan has `cpu` on the CPU and the rest of the experts beyond
+    the `hbm` resident ones streamed: the routed host experts are shared in the plan's proportion, the CPU taking
+    round(routed · cpu / (cpu + streamed)) of them, its own planned ones first, then the lowest of the others."""
+    host = sorted(e for e in hit if e >= hbm)
+    streamed_count = num_experts - hbm - cpu
+    quota = math.floor(len(host) * cpu / (cpu + streamed_count) + 0.5)
+    planned_cpu = [e for e in host if e < hbm + cpu]
+    others = [e for e in host if e >= hbm + cpu]
+    on_cpu = (planned_cpu + others)[:quota] if len(planned_cpu) <= quota else planned_cpu[:quota]
+    return set(host) - set(on_cpu)
+
+
 @pytest.mark.parametrize("family", MOE)
 def test_only_routed_experts_are_copied(checkpoints, reference, family):
     """Every expert copy the runtime makes is of an expert a token of that pass is routed to, in that layer, and
-    each routed streamed expert is copied once per pass: the count equals HF's routing replayed."""
+    each routed expert it streams is copied once per pass: the count equals HF's routing replayed, with the routed
+    host experts shared between the CPU and PCIe in the plan's proportion (`ExpertRun.assign`)."""
     directory, cfg = checkpoints(family)
-    placed = ExpertPlacement(1, 2, 3)  # streamed: experts [3, E) at prefill, [4, E) at decode
+    placed = ExpertPlacement(1, 2, 3)  # planned streamed: experts [3, E) at prefill, [4, E) at decode
     log: list = []
     engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=placed), directory,
                               backend=make_test_backend("emulated"), dtype=torch.float32, stream_log=log)
@@ -133,16 +149,37 @@ def test_only_routed_experts_are_copied(checkpoints, reference, family):
     fp32, _, tokens, _ = reference(family)
     assert torch.equal(out.token_ids, tokens)
     hit = _routed(fp32, torch.cat([PROMPT, tokens], dim=1))
-    streamed = {"prefill": set(range(3, cfg.num_experts)), "decode": set(range(4, cfg.num_experts))}
-    expected = sum(len(passes[0] & streamed["prefill"]) + sum(len(h & streamed["decode"]) for h in passes[1:])
-                   for passes in hit)
+    E = cfg.num_experts
+    streamed = [[_streamed_share(h, 1, 2 if index == 0 else 3, E) for index, h in enumerate(passes)]
+                for passes in hit]
+    expected = sum(len(s) for passes in streamed for s in passes)
     copies = [entry for entry in log if entry[0] == "expert"]
     assert len(copies) == expected
     one_expert = 3 * cfg.ffn_dim * cfg.hidden_size * 4  # gate, up, down rows of one expert, fp32
     assert engine.backend.transfers.by_value["experts"] - before == 2 * expected  # its gate_up and its down
     assert out.transfers["streamed_bytes"] >= expected * one_expert
-    # every copied expert is one of the streamed ones (never a resident or a CPU one)
-    assert {expert for _, _, expert in copies} <= streamed["prefill"]
+    # every copied expert is a routed host expert (never a resident one), and some decode pass streamed one of
+    # the experts the plan puts on the CPU while the CPU had others (the share at work)
+    assert {expert for _, _, expert in copies} <= set(range(1, E))
+    assert any(s & set(range(1, 4)) for passes in streamed for s in passes[1:])
+
+
+def test_routed_host_experts_are_shared_in_the_plans_proportion():
+    from liac.runtime.schedule import ExpertRun
+
+    def routed(*experts):
+        return [1 if e in experts else 0 for e in range(8)]
+
+    run = ExpertRun(8, 1, 5, ("gpu",))  # 1 resident, 5 on the CPU (1-5), 2 streamed (6-7): the H200 optimum's layer
+    assert run.assign(routed(2, 3)) == ([2], [3])  # batch 1, both on the CPU: one goes over PCIe
+    assert run.assign(routed(6, 7)) == ([6], [7])  # both streamed: the CPU takes one
+    assert run.assign(routed(2, 7)) == ([2], [7])  # one each already: the plan's placement
+    assert run.assign(routed(0, 4)) == ([4], [])   # one host expert: round(5/7) = 1 on the CPU
+    assert run.assign(routed(0, 7)) == ([7], [])
+    assert run.assign(routed(*range(8))) == ([1, 2, 3, 4, 5], [6, 7])  # all routed: the plan's placement
+    assert ExpertRun(8, 0, 8, ("gpu",)).assign(routed(2, 3)) == ([2, 3], [])  # nothing streams: no share
+    assert ExpertRun(8, 2, 0, ("gpu",)).assign(routed(0, 3)) == ([], [3])  # nothing on the CPU: no share
+    assert ExpertRun(6, 0, 3, ("gpu",)).assign([1, 1, 1, 0, 1, 0]) == ([0, 1], [2, 4])  # round(4 · 3/6) = 2
 
 
 def test_schedule_expert_slots_and_rows(checkpoints):
