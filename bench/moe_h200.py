@@ -96,11 +96,12 @@ def model_config(layers: int, emulate: bool):
 
 
 def expert_kernel_rates(cfg, rotate_bytes: int, rows=(1, 2, 4, 8, 16, 32, 64), repeats: int = 3,
-                        pin=None) -> dict:
+                        backend=None) -> dict:
     """GB/s of expert weights one SwiGLU expert of `cfg`'s shape reads on the CPU (liac.models.mixtral.expert_ffn
     over ≥ `rotate_bytes` of rotated bf16 experts, so none is cached), by rows (tokens routed to the expert), with
-    F.linear ('linear') and, at 1 row, the runtime's torch.mv kernel ('mv'); at 1 row also by thread count; with
-    `pin` (a function that page-locks a tensor in place, e.g. CudaBackend.pin) again from page-locked memory."""
+    F.linear ('linear') and, at 1 row, the runtime's torch.mv kernel ('mv'); at 1 row also by thread count; with a
+    `backend` that page-locks host memory (CudaBackend: pin, unpin) again from page-locked memory, as the runtime's
+    host arena is."""
     import torch
 
     from liac.models.mixtral import expert_ffn
@@ -135,8 +136,15 @@ def expert_kernel_rates(cfg, rotate_bytes: int, rows=(1, 2, 4, 8, 16, 32, 64), r
         finally:
             torch.set_num_threads(threads)
     out["linear_gb_per_s_1_row_by_threads"] = by_threads
-    if pin is not None and pin(gate_up) and pin(down):
-        out["pinned_linear_gb_per_s_by_rows"] = {str(m): rate(m) for m in (1, 8)}
+    if backend is not None and backend.pin(gate_up):
+        try:
+            if backend.pin(down):
+                try:
+                    out["pinned_linear_gb_per_s_by_rows"] = {str(m): rate(m) for m in (1, 8)}
+                finally:
+                    backend.unpin(down)
+        finally:
+            backend.unpin(gate_up)
     return out
 
 
@@ -278,14 +286,14 @@ class MoeBench:
     def kernels(self) -> None:
         import torch
 
-        pin = None
+        backend = None
         if not self.args.emulate and torch.cuda.is_available():
             from liac.runtime.backend import CudaBackend
 
-            pin = CudaBackend().pin
+            backend = CudaBackend()
         began = time.monotonic()
         record = expert_kernel_rates(self.cfg, (GIB // 64) if self.args.emulate else 2 * GIB,
-                                     repeats=1 if self.args.emulate else 3, pin=pin)
+                                     repeats=1 if self.args.emulate else 3, backend=backend)
         self.log(f"expert kernel rates in {time.monotonic() - began:.0f} s: {record}")
         self.summary["kernels"] = record
         import gc

@@ -87,17 +87,22 @@ def test_decode_breakdown_counts_layers_and_parts():
 
 def test_expert_kernel_rates_cover_rows_threads_and_pinned_memory():
     cfg = moe_h200.model_config(2, emulate=True)
-    pinned = []
+    pinned, unpinned = [], []
 
-    def pin(tensor):
-        pinned.append(tuple(tensor.shape))
-        return True
+    class Pinning:  # CudaBackend's page-locking calls, recorded
+        def pin(self, tensor):
+            pinned.append(tuple(tensor.shape))
+            return True
+
+        def unpin(self, tensor):
+            unpinned.append(tuple(tensor.shape))
 
     out = moe_h200.expert_kernel_rates(cfg, 4 * 3 * cfg.hidden_size * cfg.ffn_dim * 2, rows=(1, 8), repeats=1,
-                                       pin=pin)
+                                       backend=Pinning())
     assert out["experts_rotated"] == 4 and out["expert_bytes"] == 3 * cfg.hidden_size * cfg.ffn_dim * 2
     assert set(out["linear_gb_per_s_by_rows"]) == {"1", "8"}
     assert all(v > 0 for v in out["linear_gb_per_s_by_rows"].values()) and out["mv_gb_per_s_1_row"] > 0
     assert str(torch.get_num_threads()) in out["linear_gb_per_s_1_row_by_threads"]
     assert pinned == [(4, 2 * cfg.ffn_dim, cfg.hidden_size), (4, cfg.hidden_size, cfg.ffn_dim)]
+    assert sorted(unpinned) == sorted(pinned)  # unlocked again before the memory is freed
     assert set(out["pinned_linear_gb_per_s_by_rows"]) == {"1", "8"}

@@ -94,6 +94,8 @@ def test_unknown_model_suggests_closest(capsys):
 @pytest.mark.parametrize("text, words", [
     ("{not json", "not valid JSON"),
     ('{"model_type": "gpt2"}', "model_type: unsupported model_type 'gpt2'"),
+    ('{"model_type": "qwen2_moe", "hidden_size": 64}', "model_type: model_type 'qwen2_moe' is not supported yet: "
+     "Qwen2-MoE's shared expert and its sigmoid gate"),
     ('{"model_type": "llama", "hidden_size": -1}', "hidden_size: must be a positive integer"),
     ('[1, 2]', "must be a JSON object"),
 ])
