@@ -148,6 +148,40 @@ def expert_kernel_rates(cfg, rotate_bytes: int, rows=(1, 2, 4, 8, 16, 32, 64), r
     return out
 
 
+def batch1_experts_ms(layers: list[tuple[int, int, int]], num_experts: int, top_k: int, expert_bytes: int,
+                      cpu_gb_per_s: float, cpu_beside_h2d_gb_per_s: float, h2d_gb_per_s: float,
+                      share: bool = True) -> float:
+    """The experts' ms of one batch-1 decode step, by exact expectation over the C(E, k) equally likely routings
+    (uniform top-k) rather than the cost model's max of expected works: per layer, the slower of its CPU part (the
+    routed CPU experts' bytes, read at `cpu_beside_h2d_gb_per_s` while PCIe streams, else at `cpu_gb_per_s`) and its
+    PCIe part (the routed streamed experts' bytes at `h2d_gb_per_s`); resident experts cost nothing here.
+    `layers`: (layer count, resident, CPU) per group; `share`: the runtime's split of the routed host experts in the
+    plan's proportion (liac.runtime.schedule.ExpertRun.assign), else each on its planned device."""
+    from itertools import combinations
+
+    from liac.runtime.schedule import ExpertRun
+
+    total = 0.0
+    routings = list(combinations(range(num_experts), top_k))
+    for count, hbm, cpu in layers:
+        run = ExpertRun(num_experts, hbm, cpu, ("gpu",))
+        seconds = 0.0
+        for routed in routings:
+            counts = [1 if e in routed else 0 for e in range(num_experts)]
+            if share:
+                on_cpu, streamed = run.assign(counts)
+            else:
+                on_cpu = [e for e in routed if hbm <= e < hbm + cpu]
+                streamed = [e for e in routed if e >= hbm + cpu]
+            cpu_bytes, copy = len(on_cpu) * expert_bytes, len(streamed) * expert_bytes / (h2d_gb_per_s * 1e9)
+            beside = copy * cpu_beside_h2d_gb_per_s * 1e9  # bytes the CPU reads while the copies run
+            cpu_seconds = (cpu_bytes / (cpu_beside_h2d_gb_per_s * 1e9) if cpu_bytes <= beside
+                           else copy + (cpu_bytes - beside) / (cpu_gb_per_s * 1e9))
+            seconds += max(cpu_seconds, copy)
+        total += count * seconds / len(routings)
+    return total * 1e3
+
+
 def decode_breakdown(rows: list[dict], layer_counts: dict[str, int]) -> dict:
     """Per decode step, ms of the synchronised profiling pass (runtime/metrics.py 'sublayers' rows: mean per layer
     per pass) by category (CATEGORIES), each row × its group's layer count; the experts' split rows also by part:
@@ -389,6 +423,23 @@ class MoeBench:
             floors.append({"batch": batch, "profile": hw.name, **dataclasses.asdict(f)})
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
+    def batch1_model(self, plan: dict) -> dict | None:
+        """`batch1_experts_ms` for a plan's decode placement at the rates of this call (rates.json; the CPU kernel's
+        from the kernels stage where it ran, else the profile's GEMV rate), with and without the runtime's share."""
+        rates = json.loads((self.out / "rates.json").read_text()) if (self.out / "rates.json").exists() else {}
+        if not {"pcie_h2d_gb_per_s", "concurrent_cpu_gb_per_s", "cpu_ddr_read_gb_per_s"} <= set(rates):
+            return None
+        kernel = (self.summary.get("kernels") or {}).get("linear_gb_per_s_by_rows", {}).get("1")
+        cpu = kernel or rates["cpu_ddr_read_gb_per_s"]
+        layers = [(count, hbm, decode_cpu) for count, hbm, _, decode_cpu in
+                  plan["experts_layers_hbm_prefillcpu_decodecpu"]]
+        args = dict(num_experts=self.cfg.num_experts, top_k=self.cfg.experts_top_k,
+                    expert_bytes=3 * self.cfg.hidden_size * self.cfg.ffn_dim * 2, cpu_gb_per_s=cpu,
+                    cpu_beside_h2d_gb_per_s=min(cpu, rates["concurrent_cpu_gb_per_s"]),
+                    h2d_gb_per_s=rates["pcie_h2d_gb_per_s"])
+        return {"cpu_gb_per_s": cpu, "shared": round(batch1_experts_ms(layers, share=True, **args), 1),
+                "as_planned": round(batch1_experts_ms(layers, share=False, **args), 1)}
+
     def table(self) -> None:
         """Measured vs predicted vs floor, one line per run, each run's decode-step breakdown, and Accelerate's
         decode beside liac's batch-1 optimum (also into summary.json)."""
@@ -415,6 +466,8 @@ class MoeBench:
             sublayers = (run.get("metrics") or {}).get("sublayers") or []
             if sublayers and name in plans:
                 row["decode_breakdown_ms"] = decode_breakdown(sublayers, plans[name].get("layer_counts", {}))
+            if int(batch) == 1 and name in plans:
+                row["batch1_experts_model_ms"] = self.batch1_model(plans[name])
             rows.append(row)
             if got and got.get("decode_ms_per_token"):
                 error = got["decode_ms_per_token"] / run["predicted"]["decode_ms_per_token"] - 1
@@ -422,6 +475,9 @@ class MoeBench:
                       f"{row.get('floor_prefill_ms') or float('nan'):8.1f} | "
                       f"{got['decode_ms_per_token']:13.1f} {run['predicted']['decode_ms_per_token']:8.1f} "
                       f"{row['floor_decode_ms_per_token'] or float('nan'):8.1f} | {error:+.0%}")
+                if row.get("batch1_experts_model_ms"):
+                    print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
+                        f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))
                 if "decode_breakdown_ms" in row:
                     print(f"{'':>17} {'':>5}   profiled decode step, ms: " + ", ".join(
                         f"{k} {v:.1f}" for k, v in row["decode_breakdown_ms"].items()))

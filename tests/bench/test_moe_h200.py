@@ -106,3 +106,17 @@ def test_expert_kernel_rates_cover_rows_threads_and_pinned_memory():
     assert pinned == [(4, 2 * cfg.ffn_dim, cfg.hidden_size), (4, cfg.hidden_size, cfg.ffn_dim)]
     assert sorted(unpinned) == sorted(pinned)  # unlocked again before the memory is freed
     assert set(out["pinned_linear_gb_per_s_by_rows"]) == {"1", "8"}
+
+
+def test_batch1_experts_model_by_hand():
+    """One layer of 8 experts, 1 resident, 5 on the CPU, 2 streamed, top-2: 28 routings. Without the share: both on
+    the CPU in 10 (2 CPU experts), one CPU + one streamed in 10, one CPU + the resident in 5, both streamed in 1, one
+    streamed + the resident in 2. Rates: CPU 1 byte/s alone, 0.5 beside a copy, PCIe 1 byte/s, experts of 1 byte."""
+    args = dict(num_experts=8, top_k=2, expert_bytes=1, cpu_gb_per_s=1e-9, cpu_beside_h2d_gb_per_s=0.5e-9,
+                h2d_gb_per_s=1e-9)
+    # one CPU + one streamed: in the copy's 1 s the CPU reads 0.5, then 0.5 alone: 1.5 s
+    unshared = (10 * 2 + 10 * 1.5 + 5 * 1 + 1 * 2 + 2 * 1) / 28
+    assert moe_h200.batch1_experts_ms([(3, 1, 5)], share=False, **args) == pytest.approx(3 * unshared * 1e3)
+    # shared: two routed host experts always go one to each device (1.5 s); one routed host expert stays on the CPU
+    shared = (21 * 1.5 + 7 * 1) / 28  # C(7, 2) routings hit two host experts, 7 hit the resident one
+    assert moe_h200.batch1_experts_ms([(3, 1, 5)], share=True, **args) == pytest.approx(3 * shared * 1e3)
