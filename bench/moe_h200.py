@@ -27,8 +27,9 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
                 → summary.json 'kernels'
   5. runs       bench/run_plans.py over ONE set of random bf16 weights (pinned host arena), batch 1 of every
                 contender first: per run prefill ms, decode ms/token and the plan's prediction, peak GPU memory, and
-                (--profile-steps) a synchronised per-op pass → runs.json; summary.json 'breakdown': per decode step,
-                ms in attention, router, experts (their CPU part, GPU part and routing), stream waits, LM head
+                (--profile-steps) a synchronised per-op pass → runs.json; summary.json 'table' rows carry
+                'decode_breakdown_ms' (per decode step, ms in attention, router, experts by CPU part, GPU part and
+                routing, stream waits, LM head) and, at batch 1, 'batch1_experts_model_ms' (`batch1_experts_ms`)
   6. peers      bench/peers/accelerate_opt.py on the same model shape: Accelerate's device_map offload with pinned
                 CPU weights at --peer-batches, then (time allowing) its default pageable weights at batch 1 →
                 peers.json
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-gen-len", type=int, default=8, help="new tokens each timed run generates")
     parser.add_argument("--profile-steps", type=int, default=1,
                         help="decode steps of a synchronised per-op profiling pass after each run (0: none; it "
-                             "costs a prefill); its rows give summary.json's decode breakdown")
+                             "costs a prefill); its rows give the table's decode_breakdown_ms")
     parser.add_argument("--max-run-seconds", type=float, default=60.0, help="skip runs predicted to take longer")
     parser.add_argument("--peers", default="accelerate-pinned,accelerate",
                         help="Accelerate with pinned CPU weights, and with its default pageable ones (batch 1)")
