@@ -266,7 +266,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str = "custom", source: str = "
     if not isinstance(cfg, Mapping):
         raise LiacError(source, "must be a JSON object")
     model_type = cfg.get("model_type")
-    if model_type in NOT_YET:
+    if isinstance(model_type, str) and model_type in NOT_YET:
         raise LiacError(source, f"model_type '{model_type}' is not supported yet: {NOT_YET[model_type]}",
                         path="model_type")
     if model_type not in FAMILIES:
