@@ -156,8 +156,8 @@ def batch1_experts_ms(layers: list[tuple[int, int, int]], num_experts: int, top_
     (uniform top-k) rather than the cost model's max of expected works: per layer, the slower of its CPU part (the
     routed CPU experts' bytes, read at `cpu_beside_h2d_gb_per_s` while PCIe streams, else at `cpu_gb_per_s`) and its
     PCIe part (the routed streamed experts' bytes at `h2d_gb_per_s`); resident experts cost nothing here.
-    `layers`: (layer count, resident, CPU) per group; `share`: the runtime's split of the routed host experts in the
-    plan's proportion (liac.runtime.schedule.ExpertRun.assign), else each on its planned device."""
+    `layers`: (layer count, resident, CPU) per group; `share`: the runtime's share of the routed host experts at the
+    ratio of these rates (liac.runtime.schedule.ExpertRun.assign), else each on its planned device."""
     from itertools import combinations
 
     from liac.runtime.schedule import ExpertRun
@@ -169,11 +169,8 @@ def batch1_experts_ms(layers: list[tuple[int, int, int]], num_experts: int, top_
         seconds = 0.0
         for routed in routings:
             counts = [1 if e in routed else 0 for e in range(num_experts)]
-            if share:
-                on_cpu, streamed = run.assign(counts)
-            else:
-                on_cpu = [e for e in routed if hbm <= e < hbm + cpu]
-                streamed = [e for e in routed if e >= hbm + cpu]
+            # the runtime's share at the ratio of the rates (CPU seconds per expert over PCIe's), or as planned
+            on_cpu, streamed = run.assign(counts, h2d_gb_per_s / cpu_gb_per_s if share else None)
             cpu_bytes, copy = len(on_cpu) * expert_bytes, len(streamed) * expert_bytes / (h2d_gb_per_s * 1e9)
             beside = copy * cpu_beside_h2d_gb_per_s * 1e9  # bytes the CPU reads while the copies run
             cpu_seconds = (cpu_bytes / (cpu_beside_h2d_gb_per_s * 1e9) if cpu_bytes <= beside

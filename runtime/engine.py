@@ -124,6 +124,7 @@ class _Options:
     cpu_kernel: str
     enforce_budget: bool
     warm_up: bool | tuple[int, int]
+    expert_share: str | float = "auto"
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ class Engine:
                   weights: str | os.PathLike | RandomWeights | HostWeights, *, emulate_gpu: bool | None = None,
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
-                  enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True) -> "Engine":
+                  enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
+                  expert_share: str | float = "auto") -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -247,11 +249,19 @@ class Engine:
             warm_up: after loading, run the first layer of every group once at the request's shapes (prefill and
                 one decode step, `Engine.warm_up`): True at the plan's workload, (batch, prompt_len) at those, or
                 False. Timed apart from loading (`load_seconds`, `warmup_seconds`).
+            expert_share: MoE layers with both CPU and streamed experts share a step's routed host experts between
+                the two by the ratio of their times per expert (`ExpertRun.assign`): 'auto' measures it at load (the
+                CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured), a
+                number gives it (CPU seconds per expert over PCIe's), 'off' keeps each expert where the plan puts it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
         """
-        options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up)
+        if not (expert_share in ("auto", "off") or (isinstance(expert_share, (int, float))
+                                                    and not isinstance(expert_share, bool) and expert_share > 0)):
+            raise ValueError(f"expert_share must be 'auto', 'off' or a positive number, got {expert_share!r}")
+        options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
+                           expert_share)
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -369,7 +379,9 @@ class Engine:
             kv = KVCache(backend, memory, schedule.kv_tiers, schedule.kv_shape, dtype)
             buffers = [memory.take("hbm", (schedule.buffer_bytes,), torch.uint8) for _ in range(schedule.buffers)]
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
-            executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0])
+            ratio = _expert_ratio(options.expert_share, backend, schedule, store, cpu_linear, buffers)
+            executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0],
+                                ratio)
             backend.synchronize()
             if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
@@ -762,6 +774,38 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
                     elif op.experts is not None and op.experts.cpu:  # the experts the CPU computes, one by one
                         out.extend(store(param.canonical, op.weights)[:op.experts.cpu])
     return out
+
+
+def _expert_ratio(request: str | float, backend: Backend, schedule: Schedule, store: WeightStore,
+                  cpu_linear: tuple[str, dict | None], buffers: list[torch.Tensor]) -> float | None:
+    """The CPU's seconds per expert over PCIe's (`ExpertRun.assign`) for `Engine.from_plan(expert_share=...)`: a
+    given number; None for 'off' or a plan without MoE layers that both compute experts on the CPU and stream them;
+    for 'auto', the CPU kernel's measured rate (`choose_cpu_linear`) over the rate of copying one host expert's
+    weights (pinned) into a staging buffer, timed here (~10 ms), or None without a GPU or a measured CPU rate."""
+    runs = [op for phase in schedule.phases.values() for op in phase.ops
+            if op.experts is not None and op.experts.cpu and op.experts.streamed]
+    if request == "off" or not runs:
+        return None
+    if request != "auto":
+        return float(request)
+    name, rates = cpu_linear
+    if backend.name != "cuda" or not rates or not rates.get(name):
+        return None
+    op = runs[0]
+    param = schedule.params[(op.layer_class, op.layer, "experts")][0]
+    host = store(param.canonical, op.weights)[0]  # one expert's gate_up rows, in the host tier
+    nbytes = host.numel() * host.element_size()
+    if not host.is_pinned() or not buffers or buffers[0].numel() < nbytes:
+        return None
+    staged = buffers[0][:nbytes].view(host.dtype).view(host.shape)  # an expert slot's room: nothing allocated
+    start, end = backend.timing_event(), backend.timing_event()
+    staged.copy_(host, non_blocking=True)  # first copy: driver and allocator start-up, not timed
+    start.record()
+    staged.copy_(host, non_blocking=True)
+    end.record()
+    end.synchronize()
+    h2d = nbytes / max(start.elapsed_time(end) / 1e3, 1e-9) / 1e9
+    return h2d / rates[name]
 
 
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,

@@ -146,9 +146,11 @@ class Executor:
     """Runs the passes of a Schedule (see the module docstring)."""
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
-                 tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None):
+                 tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
+                 expert_ratio: float | None = None):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
         self.cpu_linear = cpu_linear  # the small-M CPU kernel the engine measured (runtime/kernels.py)
+        self.expert_ratio = expert_ratio  # CPU seconds per expert over PCIe's (ExpertRun.assign); None: as planned
         self.tensors = tensors  # (canonical parameter, tier) → tensor
         self.kv, self.streamer = kv, streamer
         with torch.device("meta"):
@@ -762,10 +764,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         _run_moves(transfer, vals, pre)
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
-        on = dict(zip(("cpu", "gpu"), run.assign(counts)))  # the routed host experts: CPU, streamed
+        on = dict(zip(("cpu", "gpu"), run.assign(counts, ex.expert_ratio)))  # routed host experts: CPU, streamed
         partial = {}
         if timed is None:
-            for device in devices:
+            # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1
+            # with the share, one device in a quarter of the steps of a layer with 5 CPU and 2 streamed experts)
+            busy = [d for d in devices if on[d] or (d == "gpu" and any(counts[:run.hbm]))] or devices[:1]
+            for device in busy:
                 partial[device] = part(device, vals, counts, on[device])
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began

@@ -119,6 +119,8 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                     "cpu_kernels": cpu_backend(), "dtype": str(engine.dtype).replace("torch.", ""),
                     "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
                     "cpu_small_m_kernel": engine.cpu_linear[0],
+                    "expert_share_ratio": (stable_float(engine.executor.expert_ratio)
+                                           if engine.executor.expert_ratio is not None else None),
                     "cpu_small_m_gb_per_s": ({k: stable_float(v) for k, v in engine.cpu_linear[1].items()}
                                              if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,

@@ -135,25 +135,29 @@ class ExpertRun:
         """The devices that compute experts."""
         return (("cpu",) if self.cpu else ()) + (("gpu",) if self.hbm or self.streamed else ())
 
-    def assign(self, counts: list[int]) -> tuple[list[int], list[int]]:
+    def assign(self, counts: list[int], ratio: float | None = None) -> tuple[list[int], list[int]]:
         """One step's routed host experts (`counts[e]`: tokens routed to expert e): (those the CPU computes, those
-        streamed to the GPU), each ascending. Where the plan has both, the routed ones are shared in the plan's
-        proportion, round(routed · cpu / (cpu + streamed)) on the CPU, each staying on its planned device where the
-        share allows: at batch 1 a layer's two routed experts then go one to each device instead of both to one
-        while the other idles. Every host expert lies in the host tier and the expert slots take any of them, so
-        this moves no weights but the routed ones; when every expert is routed (a prefill, larger batches) it is
-        the plan's placement itself, and it is the expected work the cost model prices (docs/moe.md)."""
+        streamed to the GPU), each ascending. Without `ratio`, each where the plan puts it. With `ratio` (the CPU's
+        seconds for one expert over PCIe's for one expert's copy, measured on this host) and a plan that has both CPU
+        and streamed experts, the routed ones are shared so that the slower device finishes first: x of the r
+        routed on the CPU, x minimising max(x · ratio, r − x), ties to the fewest moved from their planned device
+        (the CPU's last ones go over PCIe, or the first streamed ones stay on the CPU); when every host expert is
+        routed, as planned. Every host expert lies in the host tier and the expert slots take any of them, so only
+        routed experts move, as planned; at batch 1 a layer's two routed experts then go one to each device instead
+        of both to one while the other idles."""
         first, split = self.hbm, self.hbm + self.cpu
         cpu = [e for e in range(first, split) if counts[e]]
         streamed = [e for e in range(split, self.num_experts) if counts[e]]
-        if not (self.cpu and self.streamed):
+        if ratio is None or not (self.cpu and self.streamed):
             return cpu, streamed
-        routed, share = len(cpu) + len(streamed), self.cpu + self.streamed
-        quota = (2 * routed * self.cpu + share) // (2 * share)  # round half up
-        if len(cpu) > quota:  # the CPU's last routed ones go over PCIe
-            cpu, streamed = cpu[:quota], sorted(cpu[quota:] + streamed)
-        elif len(cpu) < quota:  # the first routed streamed ones stay on the CPU
-            take = quota - len(cpu)
+        routed, planned = len(cpu) + len(streamed), len(cpu)
+        if routed == self.cpu + self.streamed:  # every host expert routed (prefills, larger batches): the ILP's own
+            return cpu, streamed                # placement, priced for exactly this
+        share = min(range(routed + 1), key=lambda x: (max(x * ratio, routed - x), abs(x - planned)))
+        if share < planned:  # the CPU's last routed ones go over PCIe
+            cpu, streamed = cpu[:share], sorted(cpu[share:] + streamed)
+        elif share > planned:  # the first routed streamed ones stay on the CPU
+            take = share - planned
             cpu, streamed = sorted(cpu + streamed[:take]), streamed[take:]
         return cpu, streamed
 

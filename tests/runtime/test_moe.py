@@ -121,15 +121,17 @@ def _routed(model, sequence: torch.Tensor) -> list[list[set[int]]]:
 
 
 def _streamed_share(hit: set[int], hbm: int, cpu: int, num_experts: int) -> set[int]:
-    """The routed host experts a pass streams when the plan has `cpu` on the CPU and the rest of the experts beyond
-    the `hbm` resident ones streamed: the routed host experts are shared in the plan's proportion, the CPU taking
-    round(routed · cpu / (cpu + streamed)) of them, its own planned ones first, then the lowest of the others."""
+    """The routed host experts a pass streams when the plan has `cpu` on the CPU and the rest beyond the `hbm`
+    resident ones streamed, shared at a ratio of 1 (an expert costs the CPU what its copy costs PCIe): of r routed
+    host experts x go to the CPU, x minimising max(x, r − x), ties to the fewest moved from their planned device;
+    its own planned ones first, then the lowest of the others; all routed: as planned."""
     host = sorted(e for e in hit if e >= hbm)
-    streamed_count = num_experts - hbm - cpu
-    quota = math.floor(len(host) * cpu / (cpu + streamed_count) + 0.5)
     planned_cpu = [e for e in host if e < hbm + cpu]
     others = [e for e in host if e >= hbm + cpu]
-    on_cpu = (planned_cpu + others)[:quota] if len(planned_cpu) <= quota else planned_cpu[:quota]
+    if len(host) == num_experts - hbm:
+        return set(others)
+    x = min(range(len(host) + 1), key=lambda x: (max(x, len(host) - x), abs(x - len(planned_cpu))))
+    on_cpu = planned_cpu[:x] if x <= len(planned_cpu) else planned_cpu + others[:x - len(planned_cpu)]
     return set(host) - set(on_cpu)
 
 
@@ -137,12 +139,14 @@ def _streamed_share(hit: set[int], hbm: int, cpu: int, num_experts: int) -> set[
 def test_only_routed_experts_are_copied(checkpoints, reference, family):
     """Every expert copy the runtime makes is of an expert a token of that pass is routed to, in that layer, and
     each routed expert it streams is copied once per pass: the count equals HF's routing replayed, with the routed
-    host experts shared between the CPU and PCIe in the plan's proportion (`ExpertRun.assign`)."""
+    host experts shared between the CPU and PCIe (`ExpertRun.assign`, at a given ratio of 1)."""
     directory, cfg = checkpoints(family)
     placed = ExpertPlacement(1, 2, 3)  # planned streamed: experts [3, E) at prefill, [4, E) at decode
     log: list = []
     engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=placed), directory,
-                              backend=make_test_backend("emulated"), dtype=torch.float32, stream_log=log)
+                              backend=make_test_backend("emulated"), dtype=torch.float32, stream_log=log,
+                              expert_share=1.0)
+    assert engine.executor.expert_ratio == 1.0
     log.clear()  # the load's warm-up pass copies what it routes too: count the generate call's copies only
     before = engine.backend.transfers.by_value.get("experts", 0)
     out = engine.generate(PROMPT, NEW_TOKENS)
@@ -159,27 +163,55 @@ def test_only_routed_experts_are_copied(checkpoints, reference, family):
     assert engine.backend.transfers.by_value["experts"] - before == 2 * expected  # its gate_up and its down
     assert out.transfers["streamed_bytes"] >= expected * one_expert
     # every copied expert is a routed host expert (never a resident one), and some decode pass streamed one of
-    # the experts the plan puts on the CPU while the CPU had others (the share at work)
+    # the experts the plan puts on the CPU (the share at work)
     assert {expert for _, _, expert in copies} <= set(range(1, E))
     assert any(s & set(range(1, 4)) for passes in streamed for s in passes[1:])
 
 
-def test_routed_host_experts_are_shared_in_the_plans_proportion():
+def test_routed_host_experts_are_shared_by_the_ratio():
     from liac.runtime.schedule import ExpertRun
 
     def routed(*experts):
         return [1 if e in experts else 0 for e in range(8)]
 
     run = ExpertRun(8, 1, 5, ("gpu",))  # 1 resident, 5 on the CPU (1-5), 2 streamed (6-7): the H200 optimum's layer
-    assert run.assign(routed(2, 3)) == ([2], [3])  # batch 1, both on the CPU: one goes over PCIe
-    assert run.assign(routed(6, 7)) == ([6], [7])  # both streamed: the CPU takes one
-    assert run.assign(routed(2, 7)) == ([2], [7])  # one each already: the plan's placement
-    assert run.assign(routed(0, 4)) == ([4], [])   # one host expert: round(5/7) = 1 on the CPU
-    assert run.assign(routed(0, 7)) == ([7], [])
-    assert run.assign(routed(*range(8))) == ([1, 2, 3, 4, 5], [6, 7])  # all routed: the plan's placement
-    assert ExpertRun(8, 0, 8, ("gpu",)).assign(routed(2, 3)) == ([2, 3], [])  # nothing streams: no share
-    assert ExpertRun(8, 2, 0, ("gpu",)).assign(routed(0, 3)) == ([], [3])  # nothing on the CPU: no share
-    assert ExpertRun(6, 0, 3, ("gpu",)).assign([1, 1, 1, 0, 1, 0]) == ([0, 1], [2, 4])  # round(4 · 3/6) = 2
+    assert run.assign(routed(2, 3)) == ([2, 3], [])  # no ratio: as planned
+    assert run.assign(routed(2, 3), 0.9) == ([2], [3])  # batch 1, both on the CPU: one goes over PCIe
+    assert run.assign(routed(6, 7), 0.9) == ([6], [7])  # both streamed: the CPU takes one
+    assert run.assign(routed(2, 7), 0.9) == ([2], [7])  # one each already: as planned
+    assert run.assign(routed(0, 4), 0.9) == ([4], [])   # one host expert: the CPU is the faster for it
+    assert run.assign(routed(0, 7), 0.9) == ([7], [])
+    assert run.assign(routed(0, 7), 1.0) == ([], [7])   # a tie: as planned
+    assert run.assign(routed(2, 3), 3.0) == ([], [2, 3])  # a slow CPU: both over PCIe (2 < 3 of the CPU's one)
+    assert run.assign(routed(2, 3), 0.4) == ([2, 3], [])  # a fast CPU: both where planned
+    assert run.assign(routed(*range(8)), 0.9) == ([1, 2, 3, 4, 5], [6, 7])  # all routed: as planned
+    assert ExpertRun(8, 0, 8, ("gpu",)).assign(routed(2, 3), 1.0) == ([2, 3], [])  # nothing streams: no share
+    assert ExpertRun(8, 2, 0, ("gpu",)).assign(routed(0, 3), 1.0) == ([], [3])  # nothing on the CPU: no share
+    assert ExpertRun(6, 0, 3, ("gpu",)).assign([1, 1, 1, 0, 1, 0], 1.0) == ([0, 1], [2, 4])
+
+
+@pytest.mark.parametrize("placement", ("mixed", "crossed"))
+def test_shared_routing_matches_hf_fp32(checkpoints, reference, placement):
+    """With the routed experts shared (a ratio given: the emulation measures none), tokens and logits stay HF's."""
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(_plan(cfg, placement), directory, backend=make_test_backend("emulated"),
+                              dtype=torch.float32, expert_share=1.0)
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference("mixtral")
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+
+
+def test_expert_share_option_is_checked_and_auto_needs_a_measurement(checkpoints):
+    directory, cfg = checkpoints("mixtral")
+    with pytest.raises(ValueError, match="expert_share must be 'auto', 'off' or a positive number, got 'always'"):
+        Engine.from_plan(_plan(cfg, "mixed"), directory, backend=make_test_backend("emulated"), expert_share="always")
+    # emulated: no GPU copy to time, so 'auto' keeps the plan's placement; a plan without CPU + streamed experts
+    # has nothing to share whatever is asked
+    assert Engine.from_plan(_plan(cfg, "mixed"), directory, backend=make_test_backend("emulated"),
+                            warm_up=False).executor.expert_ratio is None
+    assert Engine.from_plan(_plan(cfg, "gpu"), directory, backend=make_test_backend("emulated"), warm_up=False,
+                            expert_share=1.0).executor.expert_ratio is None
 
 
 def test_schedule_expert_slots_and_rows(checkpoints):
@@ -266,3 +298,38 @@ def test_profile_times_the_experts_parts_and_the_routing(checkpoints):
         parts = row["measured_cpu_part_ms"] + row["measured_gpu_part_ms"] + row["measured_route_ms"]
         assert 0 < row["measured_cpu_part_ms"] and 0 < row["measured_gpu_part_ms"] and 0 < row["measured_route_ms"]
         assert parts <= row["measured_ms"]  # the emulated GPU part runs in its launch: the three add up inside
+
+
+def test_a_device_with_no_routed_expert_computes_nothing(checkpoints, reference, monkeypatch):
+    """At batch 1 a layer's routed experts may all fall on one device: the other computes no part (no zeros, no
+    merge copy), and the tokens stay HF's."""
+    import liac.runtime.executor as executor
+
+    directory, cfg = checkpoints("mixtral")
+    parts = []
+    real = executor.experts_partial
+
+    def recording(h, routing, experts, linear):
+        parts.append(1)
+        return real(h, routing, experts, linear)
+
+    monkeypatch.setattr(executor, "experts_partial", recording)
+    # 0 resident, 1 on the CPU, 7 streamed: a token of batch 1 hits the CPU's expert in 1/4 of its routings only
+    plan = make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(0, 1, 1), batch=1)
+    engine = Engine.from_plan(plan, directory, backend=make_test_backend("emulated"), dtype=torch.float32,
+                              expert_share="off")
+    parts.clear()
+    before = engine.backend.transfers.by_value.get("merge", 0)
+    out = engine.generate(PROMPT[:1], NEW_TOKENS)
+    fp32 = reference("mixtral")[0]
+    with torch.no_grad():
+        sequence = PROMPT[:1]
+        for _ in range(NEW_TOKENS):
+            sequence = torch.cat([sequence, fp32(sequence).logits[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(out.token_ids, sequence[:, PROMPT.shape[1]:])
+    steps = cfg.num_layers * NEW_TOKENS  # experts ops of the generate call (prefill + decode steps)
+    merges = engine.backend.transfers.by_value.get("merge", 0) - before  # CPU partial sums sent to the GPU
+    # the GPU has a routed expert in every op (a token's 2 experts cannot both be the CPU's one), the CPU in some:
+    # one part per op plus one per CPU part, and each CPU part's sum crosses to the GPU
+    assert 0 < merges < steps
+    assert len(parts) == steps + merges
