@@ -21,8 +21,12 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/liac demo
 
+# Two pytest-xdist workers (this project's CI machine has two cores), one file per worker at a time so module
+# fixtures are built once; TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Regenerate the checked-in plans/, docs/plans/ and docs/plan-format.md (tests/test_checked_in.py checks them).
 artifacts: $(STAMP)

@@ -5,12 +5,22 @@ subset of the suite pytest runs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "artifacts"))
+
+# Under pytest-xdist (`make test` runs two workers) each worker gets its share of the cores for torch's threads, in
+# this process and in the commands tests start, instead of every worker spinning one thread per core.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0))
+                                            // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY_OPT = {"model_type": "opt", "hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 4,
             "ffn_dim": 512, "vocab_size": 1000, "max_position_embeddings": 256, "do_layer_norm_before": True,
