@@ -162,6 +162,10 @@ def certified_bound(costs: CostGraph, configs: dict[str, list[LayerConfig]], cer
             least = np.where(upto > 0, np.minimum.accumulate(priced)[np.maximum(upto - 1, 0)], np.inf)
             total = total + count * least
             exact = np.where(exact_here, np.minimum.reduceat(priced, starts)[group], np.inf)
-            extra = np.minimum(extra, exact - least)
+            # A class with nothing streaming at most a level leaves no plan there: `total` is already inf, and its
+            # extra must stay inf too (inf − inf is nan, which np.minimum would carry into the bound and
+            # `best.min()` would then turn into a bound that ignores every open level).
+            extra = np.minimum(extra, np.subtract(exact, least, out=np.full(levels.size, np.inf),
+                                                  where=np.isfinite(least)))
         best = np.maximum(best, total + extra)
     return min(lower, float(best.min()))

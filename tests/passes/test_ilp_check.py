@@ -89,3 +89,52 @@ def test_results_do_not_depend_on_the_clock(monkeypatch):
     monkeypatch.setattr(time_module, "time", lambda: real() * 1000.0)
     second, again = solve_placement(costs)
     assert first == second and report.objective_seconds == again.objective_seconds
+
+
+def test_a_level_no_class_can_reach_bounds_nothing_and_poisons_nothing():
+    """A staging level below every decoder configuration's stream (the ends reach it, the decoder does not) holds
+    no plan: its bound is +inf. It must not become nan (inf − inf in the extra of a class with no configuration
+    there), which would make the least bound over the levels nan and the check fall back to the solved levels
+    alone, ignoring every open one: a plan reported optimal with a bound it never proved."""
+    costs = tiny_costs(2, "spr-h100", 8, 0.3, split=(250, 500, 750))
+    configs = {cls.layer_class: layer_configs(costs, cls) for cls in costs.classes}
+    floor = min(c.staging_bytes for c in configs["decoder"] if c.staging_bytes > 0)
+    configs["decoder"] = [c for c in configs["decoder"] if c.staging_bytes >= floor]
+    levels = np.array(sorted({c.staging_bytes for options in configs.values() for c in options}), dtype=np.int64)
+    assert levels[0] < floor  # an end reaches a level the decoder cannot
+    multipliers = np.array([[0.0, 0.0, 0.0], [0.01, 0.002, 0.0]])
+    open_everywhere = ilp_master.Certificate(levels, np.full(levels.size, np.nan), multipliers)
+    with np.errstate(invalid="raise"):  # no nan on the way
+        got = certified_bound(costs, configs, open_everywhere)
+    # the same bound with plain loops: per level and λ, Σ count·min(t + λ·m) over configurations streaming at
+    # most the level, plus the least extra of one layer streaming exactly the level, less λ·capacity
+    budgets = costs.budgets
+    host = max(cls.host_workspace_bytes for cls in costs.classes)
+    gib = float(2**30)
+    expected = np.inf
+    for level in levels.tolist():
+        capacity = np.array([budgets.hbm_bytes - (budgets.prefetch_depth + 1) * level, budgets.ddr_bytes - host,
+                             budgets.cxl_bytes], dtype=np.float64)
+        capacity = (capacity + costs.tied_weight_bytes) / gib
+        best = -np.inf
+        for lam in multipliers:
+            total, extra = -float(capacity @ lam), np.inf
+            for cls in costs.classes:
+                def price(c):
+                    return c.seconds + sum(c.tier_bytes(t) / gib * w for t, w in zip(("hbm", "ddr", "cxl"), lam))
+                upto = [price(c) for c in configs[cls.layer_class] if c.staging_bytes <= level]
+                exact = [price(c) for c in configs[cls.layer_class] if c.staging_bytes == level]
+                if not upto:
+                    total = np.inf
+                    continue
+                total += cls.count * min(upto)
+                if exact:
+                    extra = min(extra, min(exact) - min(upto))
+            best = max(best, total + extra)
+        expected = min(expected, best)
+    assert np.isfinite(expected) and got == pytest.approx(expected, rel=1e-12)
+    # and a solved level above that bound does not hide it
+    solved = np.full(levels.size, np.nan)
+    solved[-1] = expected * 2
+    assert certified_bound(costs, configs, ilp_master.Certificate(levels, solved, multipliers)) == \
+        pytest.approx(expected, rel=1e-12)
