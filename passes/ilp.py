@@ -37,7 +37,7 @@ from liac.passes.costs import ClassCosts, CostGraph
 from liac.passes.ilp_check import GAP_TOLERANCE, check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
 from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
-from liac.passes.price import layer_time, operand_tiers
+from liac.passes.price import LayerPricer, layer_time, operand_tiers
 from liac.plan import HOST_TIERS, TIERS, experts_permille
 
 __all__ = ["SolverOptions", "Policy", "LayerConfig", "LayerChoice", "Assignment", "SolverReport", "POLICIES", "WHOLE",
@@ -283,14 +283,17 @@ def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str,
     most slack.
     """
     allowed, split = policy.allowed(phase)
+    placements = [phase_placements(cls, phase, tiers, costs.split_permille, allowed, split, max_split_units,
+                                   resident, hbm_experts) for tiers, resident, hbm_experts in vectors]
+    # one pricer for every tier vector: each unit's and edge's terms priced once per share (price.LayerPricer)
+    pricer = LayerPricer(costs, cls, phase, np.concatenate([rows for rows, _ in placements])
+                         if placements else np.zeros((0, len(cls.units)), dtype=np.int64))
     fronts = []
-    for tiers, resident, hbm_experts in vectors:
-        permille, in_policy = phase_placements(cls, phase, tiers, costs.split_permille, allowed, split,
-                                               max_split_units, resident, hbm_experts)
+    for (tiers, resident, hbm_experts), (permille, in_policy) in zip(vectors, placements):
         if permille.shape[0] == 0:
             fronts.append(None)
             continue
-        priced = layer_time(costs, cls, phase, tiers, permille, hbm_experts)
+        priced = pricer.price(tiers, permille, hbm_experts)
         seconds, staging, valid, chain = priced.seconds, priced.staging_bytes, priced.valid, priced.chain_seconds
         rows = np.nonzero(valid)[0]
         if rows.size == 0:

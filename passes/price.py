@@ -40,7 +40,7 @@ from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
 __all__ = ["LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
-           "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "layer_time", "unit_times",
+           "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
 
@@ -364,6 +364,152 @@ def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
     return values.mean(axis=1)
 
 
+def _add(total: np.ndarray, term: np.ndarray) -> np.ndarray:
+    """total + term, in place where the shapes allow ([P, 1] terms are constant over the steps: they broadcast,
+    each element summed exactly as it would be from a full [P, steps] array)."""
+    if term.shape[1] > total.shape[1]:
+        return total + term
+    np.add(total, term, out=total)
+    return total
+
+
+def _table(values: np.ndarray) -> np.ndarray | None:
+    """[V, steps] → itself, [V, 1] when constant over the steps, None when all zero (adding it changes nothing)."""
+    values = np.asarray(values, dtype=np.float64)
+    if not values.any():
+        return None
+    if values.shape[1] > 1 and (values == values[:, :1]).all():
+        return values[:, :1].copy()
+    return values
+
+
+class LayerPricer:
+    """`layer_time` for many placements under many tier vectors of one layer class in one phase.
+
+    Every term of a layer's time is a unit's own (its compute, bytes and K, V write at its CPU share, given its
+    operand's tier) or an activation edge's (given the shares of its two ends). The pricer computes each once per
+    CPU share that occurs in `permille` [P, U] (per unit) and keeps it, so pricing a batch of placements is gathers
+    and sums in the order of `layer_time`'s equations: the same floats, bit for bit, as pricing each alone. Terms
+    constant over the steps (a weight GEMM's) stay [.., 1] until they meet one that is not, and all-zero terms are
+    skipped.
+
+        pricer = LayerPricer(costs, cls, "decode", all_rows)
+        pricer.price(tiers, rows, hbm_experts)       # == layer_time(costs, cls, "decode", tiers, rows, hbm_experts)
+    """
+
+    def __init__(self, costs: CostGraph, cls: ClassCosts, phase: str, permille):
+        self.costs, self.cls, self.phase = costs, cls, phase
+        self.pc = pc = cls.phase(phase)
+        permille = np.asarray(permille, dtype=np.int64).reshape(-1, len(pc.units))
+        self.values = [np.unique(permille[:, u]) for u in range(len(pc.units))]  # per unit, the shares priced
+        self.lookup = np.full((len(pc.units), 1001), -1, dtype=np.int64)
+        for u, values in enumerate(self.values):
+            self.lookup[u, values] = np.arange(values.size)
+        self.shares = [gpu_shares(values) for values in self.values]
+        self.steps = max(pc.steps, 1)
+        self._options: dict = {}
+        self._kv: dict = {}
+        self._edges: list | None = None
+
+    def _unit(self, index: int, tier: str, hbm_experts: int) -> dict:
+        unit = self.pc.units[index]
+        key = (index, tier, hbm_experts if unit.experts else 0)
+        if key not in self._options:
+            options = _unit_options(self.costs, unit, tier, self.values[index], self.steps if self.pc.steps else 0,
+                                    hbm_experts)
+            if self.pc.steps:
+                options = {name: (_table(v) if name != "ok" else v) for name, v in options.items()}
+            self._options[key] = options
+        return self._options[key]
+
+    def _kv_write(self, index: int, kv_tier: str) -> np.ndarray | None:
+        key = (index, kv_tier)
+        if key not in self._kv:
+            self._kv[key] = _table(_kv_write_seconds(self.costs, self.pc.units[index], kv_tier, self.shares[index]))
+        return self._kv[key]
+
+    def _edge_tables(self) -> list:
+        """Per edge, (src, dst, its copies H2D and D2H as [V_src · V_dst, steps] tables (or None))."""
+        if self._edges is None:
+            self._edges = []
+            units = len(self.pc.units)
+            for edge in self.pc.edges:
+                src, dst = self.shares[edge.src], self.shares[edge.dst]
+                pairs = np.zeros((src.size * dst.size, units))
+                pairs[:, edge.src] = np.repeat(src, dst.size)
+                pairs[:, edge.dst] = np.tile(dst, src.size)
+                copies = _edge_seconds(self.costs, edge, pairs, bool(self.pc.units[edge.src].experts))
+                self._edges.append((edge.src, edge.dst, dst.size, tuple(_table(c) for c in copies)))
+        return self._edges
+
+    def price(self, tiers: tuple[str, ...], cpu_permille, hbm_experts: int = 0) -> LayerTime:
+        """`layer_time(costs, cls, phase, tiers, cpu_permille, hbm_experts)` (every share in `cpu_permille` must be
+        one the pricer was built with)."""
+        costs, pc, phase = self.costs, self.pc, self.phase
+        permille = np.asarray(cpu_permille, dtype=np.int64).reshape(-1, len(pc.units))
+        num = permille.shape[0]
+        index = np.empty_like(permille)
+        for u in range(len(pc.units)):
+            index[:, u] = self.lookup[u, permille[:, u]]
+        if (index < 0).any():
+            raise ValueError(f"placements at CPU shares the pricer was not built with: {permille[(index < 0).any(axis=1)][0]}")
+        valid = np.ones(num, dtype=bool)
+        zero = np.zeros((num, 1))
+        chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = (zero.copy() for _ in range(8))
+        kv_tier = _kv_tier(self.cls, tiers)
+        kv_beside = _overlapped_kv_write(phase, kv_tier)
+        for u in range(len(pc.units)):
+            options = self._unit(u, tiers[u], hbm_experts)
+            rows = index[:, u]
+            valid &= options["ok"][rows]
+            if pc.steps == 0:
+                continue
+
+            def add(total, name):
+                table = options[name]
+                return total if table is None else _add(total, table[rows])
+
+            chain = add(chain, "compute")  # Eqs. 1, 15, 21
+            if tiers[u] in HOST_TIERS:
+                staged = add(staged, "staged")
+            cpu_seconds = add(cpu_seconds, "cpu")
+            beside = add(beside, "beside")
+            if tiers[u] == "ddr":
+                stream_ddr = add(stream_ddr, "stream")
+                cpu_ddr = add(cpu_ddr, "read")
+            elif tiers[u] == "cxl":
+                stream_cxl = add(stream_cxl, "stream")
+            if kv_tier is not None:
+                written = self._kv_write(u, kv_tier)  # Eq. 3
+                if written is not None:
+                    if kv_beside:
+                        store = _add(store, written[rows])
+                    else:
+                        chain = _add(chain, written[rows])
+        if pc.steps == 0:
+            return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
+        for src, dst, width, copies in self._edge_tables():  # Eqs. 2, 17
+            pair = index[:, src] * width + index[:, dst]
+            for table in copies:
+                if table is not None:
+                    chain = _add(chain, table[pair])
+        full = (num, self.steps)
+        if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
+            chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
+                                                          for v in (chain, cpu_seconds, beside, cpu_ddr, store))
+            stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
+        t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
+        t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
+        t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
+                                          costs.ddr_shared_gb_per_s)  # Eq. 18
+        step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
+        staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
+        # Eq. 8, each sum over a full [P, steps] array, as layer_time always summed
+        shape = (num, step_seconds.shape[1] if phase == "prefill" else self.steps)
+        return LayerTime(np.broadcast_to(step_seconds, shape).copy().sum(axis=1), staging, valid,
+                         np.broadcast_to(chain, shape).copy().sum(axis=1))
+
+
 def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille,
                hbm_experts: int = 0) -> LayerTime:
     """Time of one layer of `cls` in `phase`, summed over the phase's steps, for each placement (Eqs. 4-9, 18, 20).
@@ -382,60 +528,7 @@ def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
             experts on the CPU).
         hbm_experts: of an MoE layer's experts, how many are resident in HBM.
     """
-    pc = cls.phase(phase)
-    permille = np.asarray(cpu_permille, dtype=np.int64)
-    shares = gpu_shares(permille)
-    num = shares.shape[0]
-    steps = max(pc.steps, 1)  # gen_len 1: no decode step; validity is still checked
-    chain = np.zeros((num, steps))
-    stream_ddr = np.zeros((num, steps))
-    stream_cxl = np.zeros((num, steps))
-    staged = np.zeros((num, steps))
-    cpu_ddr = np.zeros((num, steps))
-    cpu_seconds = np.zeros((num, steps))
-    beside = np.zeros((num, steps))
-    store = np.zeros((num, steps))
-    valid = np.ones(num, dtype=bool)
-    kv_tier = _kv_tier(cls, tiers)
-    kv_beside = _overlapped_kv_write(phase, kv_tier)
-    for index, unit in enumerate(pc.units):
-        values, inverse = np.unique(permille[:, index], return_inverse=True)
-        options = _unit_options(costs, unit, tiers[index], values, steps if pc.steps else 0, hbm_experts)
-        valid &= options["ok"][inverse]
-        if pc.steps == 0:
-            continue
-        chain += options["compute"][inverse]  # Eqs. 1, 15, 21
-        if tiers[index] in HOST_TIERS:
-            staged += options["staged"][inverse]
-        cpu_seconds += options["cpu"][inverse]
-        beside += options["beside"][inverse]
-        if tiers[index] == "ddr":
-            stream_ddr += options["stream"][inverse]
-            cpu_ddr += options["read"][inverse]
-        elif tiers[index] == "cxl":
-            stream_cxl += options["stream"][inverse]
-        if kv_tier is not None:
-            written = _kv_write_seconds(costs, unit, kv_tier, shares[:, index])  # Eq. 3
-            if kv_beside:
-                store += written
-            else:
-                chain += written
-    if pc.steps == 0:
-        return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
-    for edge in pc.edges:
-        for seconds in _edge_seconds(costs, edge, shares, bool(pc.units[edge.src].experts)):  # Eqs. 2, 17
-            chain += seconds
-    if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
-        chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(v, pc, phase)[:, None]
-                                                      for v in (chain, cpu_seconds, beside, cpu_ddr, store))
-        stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
-    t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
-    t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
-    t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
-                                      costs.ddr_shared_gb_per_s)  # Eq. 18
-    step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
-    staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
-    return LayerTime(step_seconds.sum(axis=1), staging, valid, chain.sum(axis=1))  # Eq. 8
+    return LayerPricer(costs, cls, phase, cpu_permille).price(tiers, cpu_permille, hbm_experts)
 
 
 def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...],
