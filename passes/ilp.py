@@ -147,6 +147,14 @@ def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefe
     n = seconds.size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
+    if n > _PREFILTER_ROWS:
+        # Rows another row beats by more than three tolerances (no more staging, the GPU only if it uses it) can
+        # go first: their block's representative, whichever it is, falls to that row's in step 2, so the result
+        # is the same (tests/passes/test_ilp.py checks it against the unfiltered front), only much cheaper.
+        rows = _clearly_beaten(seconds, staging, uses_gpu, tolerance)
+        if rows.size < n:
+            keep = _front(seconds[rows], staging[rows], uses_gpu[rows], tuple(key[rows] for key in prefer), tolerance)
+            return rows[keep]
     gpu = uses_gpu.astype(np.int64)
     # 1. one representative per (GPU use, staging)
     order = np.lexsort((np.arange(n), seconds, staging, gpu))
@@ -182,6 +190,30 @@ def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefe
         if rival.any():
             keep[i] = False
     return np.sort(reps[keep])
+
+
+_PREFILTER_ROWS = 256  # fronts of more rows drop the clearly beaten ones first (`_clearly_beaten`)
+
+
+def _clearly_beaten(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, tolerance: float) -> np.ndarray:
+    """Indices (ascending) of the rows that no row beats by a margin: row r goes when some row q streams no more,
+    uses the GPU only if r does, and q's seconds · (1 + 3·tolerance) < r's.
+
+    Why `_front` is unchanged without them: the least-seconds row among those streaming no more (and using the GPU
+    no more) than r has no such rival itself, so it stays; then every row of r's (GPU use, staging) block is either
+    not within `tolerance` of the block's fastest (never its representative) or the whole block is beaten, and the
+    block's representative, whichever it is, has at least (1 + 3·tol) / (1 + tol) ≥ 1 + tol times the seconds of
+    q's block's representative: step 2's exact dominance drops it with or without r. Steps 2 and 3 see the same
+    survivors.
+    """
+    order = np.argsort(staging, kind="stable")
+    sorted_staging = staging[order]
+    upto = np.searchsorted(sorted_staging, staging, side="right") - 1  # last position streaming no more than r
+    least_any = np.minimum.accumulate(seconds[order])  # any GPU use: a rival for a row using the GPU
+    cpu_seconds = np.where(uses_gpu[order], np.inf, seconds[order])
+    least_cpu = np.minimum.accumulate(cpu_seconds)  # CPU-only rivals: the only ones for a CPU-only row
+    rival = np.where(uses_gpu, least_any[upto], least_cpu[upto])
+    return np.flatnonzero(~(rival * (1 + 3 * tolerance) < seconds))
 
 
 def expert_counts(num_experts: int, up_to: int | None = None) -> tuple[int, ...]:
@@ -434,16 +466,25 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
             index, first, second = index[keep], first[keep], second[keep]
         rows.extend(zip(index.tolist(), first.tolist(), second.tolist()))
     rows.sort()
+    plain = {}  # per front, its rows as Python numbers (tolist once, not one numpy scalar per configuration)
+
+    def listed(front):
+        if id(front) not in plain:
+            plain[id(front)] = (front, [tuple(r) for r in front.permille.tolist()], front.seconds.tolist(),
+                                front.staging.tolist(), front.uses_gpu.tolist())
+        return plain[id(front)][1:]
+
     out = []
     for part, i, j in rows:
         weights, kv, memory, pre, dec = parts[part][:5]
+        pre_permille, pre_seconds, pre_staging, pre_gpu = listed(pre)
+        dec_permille, dec_seconds, dec_staging, dec_gpu = listed(dec)
         out.append(LayerConfig(
-            weights=weights, kv_cache=kv, prefill_cpu_permille=tuple(int(v) for v in pre.permille[i]),
-            decode_cpu_permille=tuple(int(v) for v in dec.permille[j]),
-            prefill_seconds=float(pre.seconds[i]), decode_seconds=float(dec.seconds[j]),
+            weights=weights, kv_cache=kv, prefill_cpu_permille=pre_permille[i], decode_cpu_permille=dec_permille[j],
+            prefill_seconds=pre_seconds[i], decode_seconds=dec_seconds[j],
             hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
-            staging_bytes=int(max(pre.staging[i], dec.staging[j])),
-            uses_gpu=bool(pre.uses_gpu[i] or dec.uses_gpu[j]), hbm_experts=parts[part][7]))
+            staging_bytes=int(max(pre_staging[i], dec_staging[j])),
+            uses_gpu=bool(pre_gpu[i] or dec_gpu[j]), hbm_experts=parts[part][7]))
     return out
 
 

@@ -314,6 +314,8 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
     else:
         starts, wanted_later = [(0.0, 0, -1)], None
     items = sorted((c for c in range(sizes.size) if c not in (a, b) and offset[c] != 0), key=lambda c: reduced[c])
+    # the inner loop in plain Python numbers (the same doubles: numpy's float64 arithmetic is IEEE's)
+    steps = [(c, float(reduced[c]), offset[c]) for c in items]
     distance, parent, heap = {}, {}, []
     for cost, residue, column in starts:
         if cost < distance.get(residue, np.inf):
@@ -321,6 +323,7 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
             heapq.heappush(heap, (cost, residue))
     best, best_residue = np.inf, None
     settled = 0
+    inf, heappush = np.inf, heapq.heappush
     while heap:
         cost, residue = heapq.heappop(heap)
         if cost > distance[residue]:
@@ -334,14 +337,15 @@ def _group_relaxation(sizes, seconds, layers: int, capacity: int, basis, slope: 
         total = cost + slope * slack
         if total < best and slack <= spare:
             best, best_residue = total, residue
-        for c in items:
-            step = cost + reduced[c]
-            if step >= min(best, limit):
+        cap = min(best, limit)
+        for c, r, o in steps:
+            step = cost + r
+            if step >= cap:
                 break
-            nxt = (residue + offset[c]) % span
-            if step < distance.get(nxt, np.inf):
+            nxt = (residue + o) % span
+            if step < distance.get(nxt, inf):
                 distance[nxt], parent[nxt] = step, (residue, c)
-                heapq.heappush(heap, (step, nxt))
+                heappush(heap, (step, nxt))
     if best_residue is None or not best < limit:
         return np.inf, None  # the relaxation cannot beat the cutoff: neither can the knapsack
     counts = np.zeros(sizes.size, dtype=np.int64)

@@ -243,17 +243,20 @@ def _columns(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> dict[st
     out = {}
     for cls in costs.classes:
         options = configs[cls.layer_class]
-        order = sorted(range(len(options)), key=lambda i: (options[i].staging_bytes, i))
+        staging = np.array([c.staging_bytes for c in options], dtype=np.int64)
+        order = np.argsort(staging, kind="stable")  # by staging, then index
+        tier_index = {t: k for k, t in enumerate(TIERS)}
         out[cls.layer_class] = ClassColumns(
             layer_class=cls.layer_class, count=cls.count, workspace_bytes=cls.workspace_bytes,
-            index=np.array(order, dtype=np.int64),
-            seconds=np.array([options[i].seconds for i in order], dtype=np.float64),
-            tier_bytes=np.array([[options[i].tier_bytes(t) for t in TIERS] for i in order],
-                                dtype=np.int64).reshape(len(order), 3),
-            staging=np.array([options[i].staging_bytes for i in order], dtype=np.int64),
-            uses_gpu=np.array([options[i].uses_gpu for i in order], dtype=bool),
-            weights_tier=np.array([TIERS.index(options[i].weights_tier) if options[i].weights_tier in TIERS
-                                   else -1 for i in order], dtype=np.int64))
+            index=order.astype(np.int64),
+            seconds=np.array([c.seconds for c in options], dtype=np.float64)[order],
+            tier_bytes=np.array([(c.hbm_bytes, c.ddr_bytes, c.cxl_bytes) for c in options],
+                                dtype=np.int64).reshape(len(options), 3)[order],
+            staging=staging[order],
+            uses_gpu=np.array([c.uses_gpu for c in options], dtype=bool)[order],
+            weights_tier=np.array([tier_index.get(c.weights_tier, -1) if cls.layer_class != "decoder" else -1
+                                   for c in options],
+                                  dtype=np.int64)[order])
     return out
 
 
