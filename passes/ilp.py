@@ -466,25 +466,24 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
             index, first, second = index[keep], first[keep], second[keep]
         rows.extend(zip(index.tolist(), first.tolist(), second.tolist()))
     rows.sort()
-    plain = {}  # per front, its rows as Python numbers (tolist once, not one numpy scalar per configuration)
-
-    def listed(front):
-        if id(front) not in plain:
-            plain[id(front)] = (front, [tuple(r) for r in front.permille.tolist()], front.seconds.tolist(),
-                                front.staging.tolist(), front.uses_gpu.tolist())
-        return plain[id(front)][1:]
-
     out = []
-    for part, i, j in rows:
+    # part by part (rows are sorted by part), the chosen rows as Python numbers: tolist once per part, not one
+    # numpy scalar per configuration
+    for part, members in itertools.groupby(rows, key=lambda row: row[0]):
+        members = list(members)
         weights, kv, memory, pre, dec = parts[part][:5]
-        pre_permille, pre_seconds, pre_staging, pre_gpu = listed(pre)
-        dec_permille, dec_seconds, dec_staging, dec_gpu = listed(dec)
-        out.append(LayerConfig(
-            weights=weights, kv_cache=kv, prefill_cpu_permille=pre_permille[i], decode_cpu_permille=dec_permille[j],
-            prefill_seconds=pre_seconds[i], decode_seconds=dec_seconds[j],
-            hbm_bytes=memory["hbm"], ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"],
-            staging_bytes=int(max(pre_staging[i], dec_staging[j])),
-            uses_gpu=bool(pre_gpu[i] or dec_gpu[j]), hbm_experts=parts[part][7]))
+        first = np.array([i for _, i, _ in members], dtype=np.int64)
+        second = np.array([j for _, _, j in members], dtype=np.int64)
+        staging = np.maximum(pre.staging[first], dec.staging[second]).astype(np.int64).tolist()
+        uses_gpu = (pre.uses_gpu[first] | dec.uses_gpu[second]).tolist()
+        for pre_permille, dec_permille, pre_seconds, dec_seconds, stage, gpu in zip(
+                map(tuple, pre.permille[first].tolist()), map(tuple, dec.permille[second].tolist()),
+                pre.seconds[first].tolist(), dec.seconds[second].tolist(), staging, uses_gpu):
+            out.append(LayerConfig(
+                weights=weights, kv_cache=kv, prefill_cpu_permille=pre_permille, decode_cpu_permille=dec_permille,
+                prefill_seconds=pre_seconds, decode_seconds=dec_seconds, hbm_bytes=memory["hbm"],
+                ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"], staging_bytes=stage, uses_gpu=gpu,
+                hbm_experts=parts[part][7]))
     return out
 
 
