@@ -982,3 +982,47 @@ def test_no_resident_layers_keeps_every_decoder_layer_partly_off_hbm():
     lia_off, report = solve_placement(costs, SolverOptions(policy="lia", resident_layers=False))
     assert report.policy == "lia.no-resident-layers"
     assert all("hbm" not in config.weights for name, config, _ in lia_off.choices if name == "decoder")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_front_drops_clearly_beaten_rows_without_changing_its_answer(seed, monkeypatch):
+    """`_front` on many rows first drops those another row beats by more than three tolerances; the rows it keeps
+    are exactly those the full comparison keeps. Random fronts full of exact and near ties (seconds on a coarse
+    grid, some nudged by a few tolerances), staging on a coarse grid, GPU use at random."""
+    from liac.passes import ilp
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    seconds = rng.integers(1, 40, n).astype(np.float64)
+    nudged = rng.random(n) < 0.3
+    seconds[nudged] *= 1 + rng.integers(-4, 5, nudged.sum()) * ilp.TIE_RELATIVE
+    staging = rng.integers(0, 30, n).astype(np.float64) * 1e6
+    uses_gpu = rng.random(n) < 0.6
+    prefer = (rng.integers(0, 3, n), rng.random(n))
+    filtered = ilp._front(seconds, staging, uses_gpu, prefer)
+    monkeypatch.setattr(ilp, "_PREFILTER_ROWS", 10**9)
+    full = ilp._front(seconds, staging, uses_gpu, prefer)
+    assert filtered.size < n // 10 and np.array_equal(filtered, full)
+
+
+def test_one_pricer_over_many_tier_vectors_prices_each_row_as_alone():
+    """Column generation prices every tier vector with one `price.LayerPricer` (each term tabulated once per share);
+    each row's price equals, bit for bit, `layer_time` on that row alone (tables over its own shares only)."""
+    from liac.passes.price import LayerPricer
+
+    costs = tiny_costs(2, "spr-h100-cxl", 16, 0.3, cxl=True, split=(250, 500, 750))
+    cls = costs.layer_class("decoder")
+    vectors = []
+    for weights in itertools.product(("hbm", "ddr", "cxl"), repeat=2):
+        for kv in ("hbm", "ddr", "cxl"):
+            full = tuple(weights[k % 2] if op == "weights" else "none" for k, op in enumerate(cls.operands))
+            vectors.append(operand_tiers(cls, full, kv))
+    for phase in ("prefill", "decode"):
+        rows = [phase_placements(cls, phase, tiers, costs.split_permille)[0] for tiers in vectors]
+        pricer = LayerPricer(costs, cls, phase, np.concatenate(rows))
+        for tiers, permille in zip(vectors, rows):
+            together = pricer.price(tiers, permille)
+            for k in range(0, permille.shape[0], 7):
+                alone = layer_time(costs, cls, phase, tiers, permille[k:k + 1])
+                assert together.seconds[k] == alone.seconds[0] and together.chain_seconds[k] == alone.chain_seconds[0]
+                assert together.staging_bytes[k] == alone.staging_bytes[0] and together.valid[k] == alone.valid[0]
