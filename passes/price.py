@@ -8,8 +8,10 @@ only code that combines those numbers for a placement (docs/cost-model.md):
                    beside a CPU part (Eq. 18a), streamed and read bytes (Eqs. 5, 6, 16), the KV write (Eq. 3), the
                    activation copies (Eqs. 2, 17), the stream rate of a tier (Eq. 5)
     layer_time     one layer in one phase: max(chain, stream, shared DDR, DMA fitted beside the CPU) per step, summed
-                   over the phase's steps (Eqs. 4-9, 18), for many placements at once: the ILP prices every
-                   candidate with it (`LayerTime`)
+                   over the phase's steps (Eqs. 4-9, 18), for many placements at once (`LayerTime`)
+    LayerPricer    the same for many placements under many tier vectors: every term tabulated once per CPU share,
+                   then gathered and summed in layer_time's order (the same floats): the ILP prices every
+                   candidate with it
     unit_times     the same terms per unit, as `status.predicted.sublayers` reports them (`UnitTime`)
     price_groups   a plan's layer groups on a CostGraph → `PlanPrice`: what `emit_plan` writes into `status.predicted`
     price_plan     a plan alone → its `PlanPrice`, the CostGraph rebuilt from `spec` (explain, calibrate)
