@@ -1,10 +1,13 @@
 """The library call behind `liac compile`: compile plans, and write them as a sweep.
 
-    from liac.api import compile_plans, write_plans
+    from liac.api import compile_plans, compile_serving, write_plans
     result = compile_plans("opt-30b", "spr-h100", batches=(1, 8, 64), prompt_len=128, gen_len=32)
     write_plans(result, "plans/opt-30b")          # one plan per batch + index.yaml
+    serving = compile_serving("opt-30b", "spr-h100", batches=(1, 8, 64))    # one serving plan (liac compile --serve)
 
-Pipeline per workload point: trace_model (once per model) → annotate_costs → solve_placement → emit_plan.
+Pipeline per workload point: trace_model (once per model) → annotate_costs → solve_placement → emit_plan; for a
+serving plan, annotate_costs per batch size → solve_serving (passes/ilp_serve.py; and solve_placement per batch size
+for its own optimum) → emit_serving_plan.
 Every plan is checked by the plan loader (`liac.plan.parse_plan`, the same checks `liac validate` starts with)
 before anything is written; a sweep is written as one transaction (`liac.fileio.SweepWriter`: the output checked
 and locked before any compute by `output_target`, the old sweep or the new one, never a mix); the sweep's file
@@ -25,17 +28,21 @@ from liac.models import resolve_model
 from liac.models.config import ModelConfig
 from liac.passes.costs import SPLIT_PERMILLE, CostGraph, Microbatch, TierBudgets, Workload, annotate_costs
 from liac.passes.emit import emit_plan
+from liac.passes.emit_serve import emit_serving_plan
 from liac.passes.ilp import (LayerChoice, SolverOptions, SolverReport, assemble_assignment, policy_label,
                              price_config, solve_placement)
+from liac.passes.ilp_serve import solve_serving
 from liac.passes.price import group_hbm_experts
-from liac.plan import MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, OBJECTIVES, OffloadPlan, parse_plan, plan_to_yaml
+from liac.plan import (MAX_BATCH, MAX_BYTES, MAX_PREFETCH_DEPTH, MAX_WEIGHT, OBJECTIVES, OffloadPlan, parse_plan,
+                       plan_to_yaml)
 from liac.profile import HardwareProfile, resolve_profile
 from liac.schema_tools import to_data
 from liac.sizes import GIB
 from liac.sweep import INDEX_API_VERSION, INDEX_KIND, INDEX_NAME, is_sweep_file, policy_string
 
 __all__ = ["DEFAULT_PROFILE", "CompiledPoint", "CompileResult", "compile_plans", "compile_budgets", "point_costs",
-           "compile_point", "reprice_point", "write_plans", "output_target"]
+           "compile_point", "reprice_point", "check_serving_model", "compile_serving", "write_plans",
+           "output_target"]
 
 DEFAULT_PROFILE = "h200-amx16"  # the project's own machine (liac/profiles/h200-amx16.yaml)
 
@@ -229,16 +236,8 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
     batches = tuple(batches)
     _check_workload(cfg, batches, prompt_len, gen_len, objective)
     policy_name = policy_label(policy, resident_layers)
-    _check_budgets(profile, gpu_mem, cpu_mem, cxl_mem)
-    if not isinstance(prefetch_depth, int) or isinstance(prefetch_depth, bool) or \
-            not 1 <= prefetch_depth <= MAX_PREFETCH_DEPTH:
-        raise LiacError("--prefetch-depth", f"must be an integer from 1 to {MAX_PREFETCH_DEPTH}, got "
-                                            f"{brief(prefetch_depth)}")
-    budgets = compile_budgets(profile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth)
-    if graph is None:
-        from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
-
-        graph = trace_model(cfg)
+    budgets = _budgets(profile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth)
+    graph = _traced(cfg, graph)
     options = SolverOptions(solver=solver, policy=policy, resident_layers=resident_layers)
     points, infeasible = [], []
     for batch in batches:
@@ -254,6 +253,103 @@ def compile_plans(model, hw=DEFAULT_PROFILE, batches=(1,), prompt_len: int = 128
                               short_bytes=error.short_bytes)
     return CompileResult(points=tuple(points), infeasible=tuple((b, e.message) for b, e in infeasible),
                          model=cfg.name, profile=profile.name, objective=objective, policy=policy_name)
+
+
+def _budgets(profile: HardwareProfile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth) -> TierBudgets:
+    """The checked budgets (`_check_budgets`, the prefetch depth's range) as `compile_budgets` gives them."""
+    _check_budgets(profile, gpu_mem, cpu_mem, cxl_mem)
+    if not isinstance(prefetch_depth, int) or isinstance(prefetch_depth, bool) or \
+            not 1 <= prefetch_depth <= MAX_PREFETCH_DEPTH:
+        raise LiacError("--prefetch-depth", f"must be an integer from 1 to {MAX_PREFETCH_DEPTH}, got "
+                                            f"{brief(prefetch_depth)}")
+    return compile_budgets(profile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth)
+
+
+def _traced(cfg: ModelConfig, graph):
+    if graph is None:
+        from liac.passes.trace import trace_model  # late import: tracing loads torch; a given graph needs none
+
+        graph = trace_model(cfg)
+    return graph
+
+
+def _batch_weights(batches: tuple[int, ...], batch_weights) -> tuple[int, ...]:
+    """`batch_weights` (None: uniform; a sequence aligned with `batches`; or a mapping batch → weight, others 0)
+    → one integer weight per batch size."""
+    if batch_weights is None:
+        return (1,) * len(batches)
+    if isinstance(batch_weights, dict):
+        unknown = sorted(set(batch_weights) - set(batches))
+        if unknown:
+            raise LiacError("--batch-weights", f"batch {unknown[0]} is not one of the batch sizes "
+                            + ", ".join(str(b) for b in batches))
+        weights = tuple(batch_weights.get(b, 0) for b in batches)
+    else:
+        weights = tuple(batch_weights)
+        if len(weights) != len(batches):
+            raise LiacError("--batch-weights", f"must give one weight per batch size ({len(batches)}: "
+                            + ", ".join(str(b) for b in batches) + f"), got {len(weights)}")
+    if any(not isinstance(w, int) or isinstance(w, bool) or not 0 <= w <= MAX_WEIGHT for w in weights) \
+            or sum(weights) == 0:
+        raise LiacError("--batch-weights", f"weights must be integers from 0 to {MAX_WEIGHT}, not all 0, got "
+                                           f"{brief(list(weights))}")
+    return weights
+
+
+def check_serving_model(cfg: ModelConfig) -> None:
+    """Serving plans are for dense models: a mixture of experts places its experts by count (Eq. 21), which a serving
+    plan's per-batch placements do not record. Raises LiacError naming `--serve`."""
+    if cfg.is_moe:
+        raise LiacError("--serve", f"model '{cfg.name}' is a mixture of experts ({cfg.num_experts} experts): serving "
+                        "plans are for dense models only; compile it without --serve (lia-run runs it)")
+
+
+def compile_serving(model, hw=DEFAULT_PROFILE, batches=(1, 2, 4, 8, 16, 32, 64), batch_weights=None,
+                    prompt_len: int = 128, gen_len: int = 32, gpu_mem: int | None = None,
+                    cpu_mem: int | None = None, cxl_mem: int | None = None, policy: str | None = None,
+                    solver: str = "auto", prefetch_depth: int = 1, resident_layers: bool = True, graph=None,
+                    progress=None) -> CompileResult:
+    """Compile one serving plan (`liac compile --serve`): one memory placement for every live batch size in
+    `batches`, a compute placement per batch size, minimising Σ_b weight_b · (prefill + decode of a batch of b) /
+    Σ weights (passes/ilp_serve.py). Each batch size is also compiled alone, for `status.serving`'s comparison.
+
+    Args:
+        batches: the live batch sizes (the largest sizes the KV cache).
+        batch_weights: their weights in the objective: None (uniform), integers aligned with `batches`, or a
+            mapping batch → integer weight (sizes left out weigh 0).
+        progress: called with each batch size once its own optimum is solved, then with the largest once more
+            when the serving plan is.
+        The others: as `compile_plans`.
+
+    Returns:
+        A CompileResult with one point, the serving plan (at the largest batch size).
+
+    Raises:
+        LiacError: bad input. InfeasibleError: no memory placement holds the largest batch (one line naming the
+        tier).
+    """
+    cfg, profile = _resolve(model, hw)
+    check_serving_model(cfg)
+    batches = tuple(sorted(set(batches)))
+    _check_workload(cfg, batches, prompt_len, gen_len, "latency")
+    weights = _batch_weights(batches, batch_weights)
+    policy_name = policy_label(policy, resident_layers)
+    budgets = _budgets(profile, gpu_mem, cpu_mem, cxl_mem, prefetch_depth)
+    graph = _traced(cfg, graph)
+    options = SolverOptions(solver=solver, policy=policy, resident_layers=resident_layers)
+    # The prefill of every batch size is priced whole (one micro-batch): the continuous batcher bounds each
+    # prefill by its token budget instead (runtime/batching.py).
+    costs = tuple(point_costs(graph, profile, batch, prompt_len, gen_len, budgets, (Microbatch(batch, prompt_len),))
+                  for batch in batches)
+    serve, report = solve_serving(costs, weights, options)
+    own = []
+    for graph_b in costs:  # each batch size alone: feasible whenever the serving problem is (a smaller KV cache)
+        own.append(solve_placement(graph_b, options)[1].objective_seconds)
+        if progress is not None:
+            progress(graph_b.workload.batch_size)
+    plan = emit_serving_plan(costs, serve, report, tuple(own), cfg, "latency")
+    return CompileResult(points=(CompiledPoint(plan=plan, costs=costs[-1], report=report),), infeasible=(),
+                         model=cfg.name, profile=profile.name, objective="latency", policy=policy_name)
 
 
 def _checked_text(plan: OffloadPlan, source: str) -> str:

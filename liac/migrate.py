@@ -20,6 +20,9 @@ Versions:
                    and `decode_cpu_permille`, and may be 'split' between the CPU and the GPU (issue 6).
     liac/v3        `spec.execution` says how the prefill is cut into micro-batches, `prefill_microbatch_sequences`
                    and `prefill_microbatch_tokens` (issue 17).
+    liac/v4        `spec.serving` (a compute placement per live batch size over the one memory placement: serving
+                   plans) and `status.serving` (their predicted costs); both are empty for a plan of one point
+                   (issue 15).
 """
 
 from __future__ import annotations
@@ -29,14 +32,15 @@ from typing import Any, Callable
 
 from liac.errors import LiacError, brief
 
-__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "migrate_v2_to_v3", "V1ALPHA1", "V1",
-           "V2", "V3", "LATEST", "MIGRATIONS", "migrate_document"]
+__all__ = ["MigrationError", "migrate_v1alpha1_to_v1", "migrate_v1_to_v2", "migrate_v2_to_v3", "migrate_v3_to_v4",
+           "V1ALPHA1", "V1", "V2", "V3", "V4", "LATEST", "MIGRATIONS", "migrate_document"]
 
 V1ALPHA1 = "liac/v1alpha1"
 V1 = "liac/v1"
 V2 = "liac/v2"
 V3 = "liac/v3"
-LATEST = V3  # what liac writes (liac.plan.API_VERSION)
+V4 = "liac/v4"
+LATEST = V4  # what liac writes (liac.plan.API_VERSION)
 
 # Units of one layer in execution order as of liac/v1 (frozen copy of liac.models.SUBLAYERS at that version).
 _V1_UNITS = {
@@ -199,12 +203,37 @@ def migrate_v2_to_v3(doc: dict) -> dict:
     return out
 
 
+def migrate_v3_to_v4(doc: dict) -> dict:
+    """liac/v3 → liac/v4: the plan gains `spec.serving` and `status.serving`, both with no batches (a v3 plan is a
+    plan of one workload point: its layer groups are the placement at its batch).
+
+    Args:
+        doc: a parsed liac/v3 document (not modified).
+
+    Returns:
+        A new liac/v4 document; everything else is carried over unchanged.
+
+    Raises:
+        MigrationError: naming the path in the old document when `spec` or `status` is not a mapping, or already
+            holds a `serving` field (v3 had none).
+    """
+    out = copy.deepcopy(doc)
+    out["apiVersion"] = V4
+    for part in ("spec", "status"):
+        section = _mapping(out.get(part), part)
+        if "serving" in section:
+            raise MigrationError(f"{part}.serving", "unknown field: liac/v3 has no serving batches")
+        section["serving"] = {"batches": []}
+    return out
+
+
 # MIGRATIONS[old] = (new, function(doc) -> doc); each function is pure and covered by a kept fixture
 # (tests/fixtures/); docs/plan-format.md ("Versioning") has the procedure.
 MIGRATIONS: dict[str, tuple[str, Callable[[dict], dict]]] = {
     V1ALPHA1: (V1, migrate_v1alpha1_to_v1),
     V1: (V2, migrate_v1_to_v2),
     V2: (V3, migrate_v2_to_v3),
+    V3: (V4, migrate_v3_to_v4),
 }
 
 

@@ -2,17 +2,24 @@
 
 A plan is a Kubernetes-style document:
 
-    apiVersion: liac/v3
+    apiVersion: liac/v4
     kind: OffloadPlan
     metadata:  name, liac version                       (identity; no timestamps)
     spec:      model, hardware, workload, budgets,      (what the runtime must do; it reads nothing else)
-               memory to reserve, execution, layer_groups
-    status:    solver report, predicted costs, memory   (what the compiler observed; the runtime never reads it)
+               memory to reserve, execution, layer_groups, serving
+    status:    solver report, predicted costs, memory,  (what the compiler observed; the runtime never reads it)
+               serving
 
 `spec.layer_groups` lists contiguous ranges of layers sharing one configuration: for each sublayer its placement
 in each phase ('cpu', 'gpu', or 'split' between them, with the CPU's share of its output features in permille) and
 the tier of its weights, and the tier of the group's KV cache. The embedding and the LM head are groups of class
 'embed' and 'head' with one layer each.
+
+A *serving plan* (`liac compile --serve`, issue 15) keeps one memory placement (weight tiers, KV tiers, staging,
+all sized for `spec.workload`, whose batch is the largest live batch) and gives, in `spec.serving.batches`, a compute
+placement of every group for each live batch size: where each sublayer computes, and its split shares, when that
+many sequences decode together. `batch_plan(plan, live)` is the plan of one live batch (what the runtime runs for
+it); `spec.serving.batches` is empty for a plan of one workload point.
 
 The frozen dataclasses below are the single source of truth: `load_plan` validates against them (each error names
 the YAML path), `plan_json_schema()` generates the JSON Schema shipped in `liac/schema/`, and `dump_plan` writes
@@ -22,6 +29,7 @@ Older apiVersions are migrated on load by the functions beside this module (liac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -36,12 +44,15 @@ from liac.schema_tools import from_data, json_schema, spec_field, to_data
 
 __all__ = [
     "API_VERSION", "KIND", "DEVICES", "PLACEMENTS", "SPLIT_UNITS", "TIERS", "HOST_TIERS", "NO_TIER", "OBJECTIVES",
-    "LAYER_CLASSES", "PHASES", "MAX_BATCH", "MAX_TOKENS", "MAX_BYTES", "MAX_LAYERS", "MAX_PREFETCH_DEPTH",
+    "LAYER_CLASSES", "PHASES", "MAX_BATCH", "MAX_TOKENS", "MAX_BYTES", "MAX_WEIGHT", "MAX_LAYERS",
+    "MAX_PREFETCH_DEPTH",
     "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "ExpertPlacement",
     "SublayerPlacement", "LayerGroup", "EXPERT_SLOTS", "expert_placement", "expert_tier_counts", "experts_permille",
     "experts_from_permille",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
+    "ComputePlacement", "GroupPlacement", "ServingBatch", "Serving", "ServingBatchStatus", "ServingStatus",
     "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "check_semantics", "placement_of",
+    "batch_plan", "serving_batch_sizes",
 ]
 
 API_VERSION = LATEST  # older versions load through liac/migrate.py
@@ -62,6 +73,7 @@ SOLVER_STATUSES = ("optimal", "feasible", "fixed")  # 'fixed': a hand-written or
 MAX_BATCH = 2**20
 MAX_TOKENS = 2**24  # prompt or generated tokens per sequence
 MAX_BYTES = 2**60  # any byte count (1 EiB)
+MAX_WEIGHT = 2**31 - 1  # a serving batch size's weight in the objective
 MAX_LAYERS = 2**20
 MAX_PREFETCH_DEPTH = 64
 # Routed experts streamed to the GPU pass through this many slots of one expert each, in the staging buffer of their
@@ -221,6 +233,47 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class ComputePlacement:
+    """Where one sublayer computes in each phase at one live batch size of a serving plan; its weights stay in the
+    tier its entry in `spec.layer_groups` names (the fields mean what they mean there)."""
+
+    name: str = spec_field("sublayer name, as in the group's spec.layer_groups entry (same order)")
+    prefill: str = spec_field("compute placement during prefill", enum=PLACEMENTS)
+    decode: str = spec_field("compute placement during decode", enum=PLACEMENTS)
+    prefill_cpu_permille: int = spec_field("the CPU's share of the output features during prefill, in permille",
+                                           minimum=0, maximum=1000)
+    decode_cpu_permille: int = spec_field("the CPU's share of the output features during decode, in permille",
+                                          minimum=0, maximum=1000)
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """The compute placement of one layer group of `spec.layer_groups` at one live batch size."""
+
+    name: str = spec_field("group name: the spec.layer_groups entry at the same position")
+    sublayers: tuple[ComputePlacement, ...] = spec_field("placement units in execution order")
+
+
+@dataclass(frozen=True)
+class ServingBatch:
+    """One live batch size of a serving plan: its weight in the objective and its compute placement."""
+
+    batch_size: int = spec_field("sequences decoding together", minimum=1, maximum=MAX_BATCH)
+    weight: int = spec_field("relative weight of this batch size in the objective (the batch distribution; each "
+                             "share is weight / sum of weights)", minimum=0, maximum=MAX_WEIGHT)
+    layer_groups: tuple[GroupPlacement, ...] = spec_field("one entry per spec.layer_groups entry, in the same order")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Compute placements per live batch size over the plan's one memory placement (a serving plan)."""
+
+    batches: tuple[ServingBatch, ...] = spec_field(
+        "live batch sizes, ascending, the largest equal to spec.workload.batch_size (whose placement equals "
+        "spec.layer_groups'); empty for a plan of one workload point")
+
+
+@dataclass(frozen=True)
 class PlanSpec:
     """Everything the runtime needs."""
 
@@ -231,6 +284,7 @@ class PlanSpec:
     memory: TierBytes = spec_field("bytes the runtime reserves per tier (weights, KV, staging, workspace)")
     execution: Execution = spec_field("transfer/compute overlap")
     layer_groups: tuple[LayerGroup, ...] = spec_field("embed group, decoder groups in layer order, head group")
+    serving: Serving = spec_field("per live batch size, its compute placement (serving plans; else empty)")
 
 
 @dataclass(frozen=True)
@@ -279,12 +333,36 @@ class Predicted:
 
 
 @dataclass(frozen=True)
+class ServingBatchStatus:
+    """The predicted cost of one live batch size of a serving plan, beside that batch size's own optimum."""
+
+    batch_size: int = spec_field("sequences decoding together", minimum=1, maximum=MAX_BATCH)
+    share: float = spec_field("its weight in the objective, as a fraction of all weights", minimum=0)
+    prefill_seconds: float = spec_field("prefill of a batch this size, with its placement", minimum=0)
+    decode_seconds_per_token: float = spec_field("mean decode step of a batch this size", minimum=0)
+    step_seconds: float = spec_field("(prefill + all decode steps) / gen_len: its time per generated token with the "
+                                     "prefill amortised, what the objective weighs", minimum=0)
+    own_step_seconds: float = spec_field("the same for this batch size's own optimum (a plan compiled for it alone, "
+                                         "memory placement free, KV cache for this batch): sharing one memory "
+                                         "placement costs step_seconds / own_step_seconds - 1", minimum=0)
+
+
+@dataclass(frozen=True)
+class ServingStatus:
+    """What sharing one memory placement costs each live batch size (serving plans; else empty)."""
+
+    batches: tuple[ServingBatchStatus, ...] = spec_field("per live batch size, ascending")
+
+
+@dataclass(frozen=True)
 class PlanStatus:
     """What the compiler observed."""
 
     solver: SolverReport = spec_field("solver report")
     predicted: Predicted = spec_field("predicted costs")
     memory: tuple[TierUsage, ...] = spec_field("peak memory per tier against its budget")
+    serving: ServingStatus = spec_field("per live batch size of a serving plan, its predicted cost and its own "
+                                        "optimum's")
 
 
 @dataclass(frozen=True)
@@ -409,7 +487,7 @@ def _expert_errors(sub: SublayerPlacement, num_experts: int, where: str) -> list
     return errors
 
 
-def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
+def _split_errors(sub: SublayerPlacement, where: str, weights_where: str = "") -> list[tuple[str, str]]:
     """A sublayer's permille must match its placement; only weight GEMM units split, and from DDR or CXL."""
     errors = []
     for phase in PHASES:
@@ -425,7 +503,12 @@ def _split_errors(sub: SublayerPlacement, where: str) -> list[tuple[str, str]]:
                 errors.append((f"{where}.{phase}", "must not be 'split': only "
                                                    + ", ".join(f"'{u}'" for u in SPLIT_UNITS) + " may split"))
     if "split" in (sub.prefill, sub.decode) and sub.name in SPLIT_UNITS and sub.weights not in HOST_TIERS:
-        errors.append((f"{where}.weights", f"must be 'ddr' or 'cxl' for a split sublayer, got '{sub.weights}'"))
+        if not weights_where or weights_where.startswith(where):
+            errors.append((f"{where}.weights", f"must be 'ddr' or 'cxl' for a split sublayer, got '{sub.weights}'"))
+        else:
+            phase = "prefill" if sub.prefill == "split" else "decode"
+            errors.append((f"{where}.{phase}", f"must not be 'split': the sublayer's weights are in "
+                                               f"'{sub.weights}' ({weights_where}); only 'ddr' or 'cxl' weights split"))
     return errors
 
 
@@ -497,19 +580,123 @@ def check_semantics(plan: OffloadPlan) -> list[tuple[str, str]]:
                 else:
                     errors.extend(_expert_errors(sub, cfg.num_experts, sub_where))
                 continue
-            if sub.weights == "hbm" and "cpu" in (sub.prefill, sub.decode):
-                errors.append((f"{sub_where}.weights", "must not be 'hbm' for a sublayer computed on the CPU"))
-            errors.extend(_split_errors(sub, sub_where))
-            if decoder and sub.name in ("attn_score", "attn_context") and group.kv_cache == "hbm" \
-                    and sub.decode == "cpu":
-                errors.append((f"{sub_where}.decode", "must be 'gpu': the group's KV cache is in 'hbm'"))
+            errors.extend(_placement_errors(sub, group, sub_where, f"{sub_where}.weights"))
     errors.extend(_microbatch_errors(spec))
     want_layers = {"embed": 1, "decoder": cfg.num_layers, "head": 1}
     for layer_class, count in want_layers.items():
         if next_layer[layer_class] != count:
             errors.append(("spec.layer_groups", f"layers of class '{layer_class}' must cover 0..{count - 1}, "
                                                 f"covered 0..{next_layer[layer_class] - 1}"))
+    errors.extend(_serving_errors(spec, cfg.num_experts))
     return errors
+
+
+def _placement_errors(sub: SublayerPlacement, group: LayerGroup, where: str,
+                      weights_where: str) -> list[tuple[str, str]]:
+    """A sublayer's compute placement against its weights' tier and its group's KV tier (`weights_where` is the path
+    of the tier it is checked against: its own field, or the group's in spec.layer_groups for a serving batch)."""
+    errors = []
+    if sub.weights == "hbm" and "cpu" in (sub.prefill, sub.decode):
+        if weights_where.startswith(where):
+            errors.append((weights_where, "must not be 'hbm' for a sublayer computed on the CPU"))
+        else:
+            phase = "prefill" if sub.prefill == "cpu" else "decode"
+            errors.append((f"{where}.{phase}", f"must not be 'cpu': the sublayer's weights are in 'hbm' "
+                                               f"({weights_where})"))
+    errors.extend(_split_errors(sub, where, weights_where))
+    if group.layer_class == "decoder" and sub.name in ("attn_score", "attn_context") and group.kv_cache == "hbm" \
+            and sub.decode == "cpu":
+        errors.append((f"{where}.decode", "must be 'gpu': the group's KV cache is in 'hbm'"))
+    return errors
+
+
+def _serving_errors(spec: PlanSpec, num_experts: int = 0) -> list[tuple[str, str]]:
+    """A serving plan's batches: ascending sizes ending at the workload's batch, weights that sum above 0, and per
+    batch a placement of every group and sublayer of spec.layer_groups that its tiers allow. A mixture-of-experts
+    model has none (its experts are placed by count, which a serving batch does not record)."""
+    errors: list[tuple[str, str]] = []
+    batches = spec.serving.batches
+    if not batches:
+        return errors
+    if num_experts:
+        return [("spec.serving.batches", f"must be empty: the model is a mixture of experts ({num_experts} experts), "
+                                         "which serving plans do not place")]
+    sizes = [b.batch_size for b in batches]
+    for index in range(1, len(sizes)):
+        if sizes[index] <= sizes[index - 1]:
+            errors.append((f"spec.serving.batches[{index}].batch_size", f"must be greater than "
+                                                                        f"{sizes[index - 1]}: batch sizes ascend"))
+    if sizes[-1] != spec.workload.batch_size:
+        errors.append((f"spec.serving.batches[{len(sizes) - 1}].batch_size", f"must equal spec.workload.batch_size "
+                                                                              f"({spec.workload.batch_size}), got "
+                                                                              f"{sizes[-1]}"))
+    if sum(b.weight for b in batches) <= 0:
+        errors.append(("spec.serving.batches", "weights must not all be 0"))
+    for b_index, batch in enumerate(batches):
+        b_where = f"spec.serving.batches[{b_index}]"
+        if len(batch.layer_groups) != len(spec.layer_groups):
+            errors.append((f"{b_where}.layer_groups", f"must hold one entry per spec.layer_groups entry "
+                                                      f"({len(spec.layer_groups)}), got {len(batch.layer_groups)}"))
+            continue
+        for g_index, (placed, group) in enumerate(zip(batch.layer_groups, spec.layer_groups)):
+            g_where = f"{b_where}.layer_groups[{g_index}]"
+            if placed.name != group.name:
+                errors.append((f"{g_where}.name", f"must be '{group.name}', the name of spec.layer_groups[{g_index}]"))
+            got = tuple(s.name for s in placed.sublayers)
+            want = tuple(s.name for s in group.sublayers)
+            if got != want:
+                errors.append((f"{g_where}.sublayers", f"must name {', '.join(want)} in this order, got "
+                                                       f"{', '.join(got) or 'none'}"))
+                continue
+            for s_index, (compute, sub) in enumerate(zip(placed.sublayers, group.sublayers)):
+                whole = _with_compute(sub, compute)
+                errors.extend(_placement_errors(whole, group, f"{g_where}.sublayers[{s_index}]",
+                                                f"spec.layer_groups[{g_index}].sublayers[{s_index}].weights"))
+                if batch.batch_size == spec.workload.batch_size and whole != sub:
+                    errors.append((f"{g_where}.sublayers[{s_index}]", "must equal spec.layer_groups[{}]."
+                                   "sublayers[{}]'s placement: it is the placement at spec.workload.batch_size"
+                                   .format(g_index, s_index)))
+    return errors
+
+
+def _with_compute(sub: SublayerPlacement, compute: ComputePlacement) -> SublayerPlacement:
+    """`sub` (its name and weights' tier) computed as `compute` says."""
+    return SublayerPlacement(sub.name, compute.prefill, compute.decode, sub.weights, compute.prefill_cpu_permille,
+                             compute.decode_cpu_permille)
+
+
+def serving_batch_sizes(plan: OffloadPlan) -> tuple[int, ...]:
+    """The live batch sizes a plan has a compute placement for: a serving plan's, else its one workload batch."""
+    batches = plan.spec.serving.batches
+    return tuple(b.batch_size for b in batches) if batches else (plan.spec.workload.batch_size,)
+
+
+def batch_plan(plan: OffloadPlan, live: int) -> OffloadPlan:
+    """The plan a live batch of `live` sequences runs: the serving batch with the smallest size that holds it, its
+    compute placement over the plan's memory placement (weight and KV tiers, staging, reservations unchanged), with
+    `spec.workload.batch_size` that size (and the prefill micro-batch at most that many sequences) and no serving
+    batches. A plan without serving batches is returned as is.
+
+    Raises:
+        LiacError: `live` is not between 1 and spec.workload.batch_size.
+    """
+    if not 1 <= live <= plan.spec.workload.batch_size:
+        raise LiacError("batch", f"live batch must be between 1 and {plan.spec.workload.batch_size} "
+                        f"(spec.workload.batch_size of plan '{plan.metadata.name}'), got {live}")
+    batches = plan.spec.serving.batches
+    if not batches:
+        return plan
+    chosen = next(b for b in batches if b.batch_size >= live)
+    groups = tuple(dataclasses.replace(group, sublayers=tuple(_with_compute(sub, compute) for sub, compute in
+                                                               zip(group.sublayers, placed.sublayers)))
+                   for group, placed in zip(plan.spec.layer_groups, chosen.layer_groups))
+    execution = plan.spec.execution  # its prefill micro-batch: at most the live batch's sequences
+    execution = dataclasses.replace(execution, prefill_microbatch_sequences=min(
+        execution.prefill_microbatch_sequences, chosen.batch_size))
+    spec = dataclasses.replace(plan.spec, workload=dataclasses.replace(plan.spec.workload,
+                                                                       batch_size=chosen.batch_size),
+                               execution=execution, layer_groups=groups, serving=Serving(batches=()))
+    return dataclasses.replace(plan, spec=spec)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from liac.passes.ilp import Assignment, LayerConfig, SolverReport
 from liac.passes.price import PlanPrice, price_groups
 from liac.plan import (API_VERSION, KIND, PHASES, TIERS, Budgets, Execution, ExpertPlacement, HardwareSpec,
                        LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SublayerPlacement,
-                       SublayerTime, TierBytes, TierUsage, experts_from_permille, placement_of)
+                       SublayerTime, TierBytes, TierUsage, Serving, ServingStatus, experts_from_permille,
+                       placement_of)
 from liac.plan import SolverReport as PlanSolverReport
 from liac.plan import Workload as PlanWorkload
 
@@ -110,12 +111,13 @@ def emit_plan(costs: CostGraph, assignment: Assignment, report: SolverReport, cf
                             workspace_bytes=max(0, assignment.workspace_bytes - costs.gpu_context_bytes),
                             prefill_microbatch_sequences=assignment.prefill_microbatch.sequences,
                             prefill_microbatch_tokens=assignment.prefill_microbatch.tokens),
-        layer_groups=groups)
+        layer_groups=groups, serving=Serving(batches=()))
     status = PlanStatus(
         solver=PlanSolverReport(name=report.name, status=report.status, objective_seconds=report.objective_seconds,
                                 gap=report.gap),
         predicted=_predicted(price_groups(costs, groups)),
-        memory=tuple(TierUsage(tier=tier, used_bytes=used[tier], capacity_bytes=capacity[tier]) for tier in TIERS))
+        memory=tuple(TierUsage(tier=tier, used_bytes=used[tier], capacity_bytes=capacity[tier]) for tier in TIERS),
+        serving=ServingStatus(batches=()))
     name = plan_name(cfg.name, costs.profile, work.batch_size, work.prompt_len, work.gen_len, report.policy)
     return OffloadPlan(apiVersion=API_VERSION, kind=KIND, metadata=Metadata(name=name, liac_version=liac.__version__),
                        spec=spec, status=status)

@@ -360,7 +360,7 @@ def _allowed_tiers(cls: ClassCosts, weight_tiers: tuple[str, ...], kv: str, poli
 
 def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("optimal"),
                   max_split_units: int = 1, resident_layers: bool = True, memo: dict | None = None,
-                  memo_phases: tuple[str, ...] = ("decode",)) -> list[LayerConfig]:
+                  memo_phases: tuple[str, ...] = ("decode",), per_tier_vector: bool = False) -> list[LayerConfig]:
     """Every non-dominated configuration of one layer of `cls` (steps 1-3 of the module docstring).
 
     A configuration is kept unless another one is at most as slow (up to `TIE_RELATIVE`) and uses no more of
@@ -370,6 +370,9 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     computed on the GPU stay allowed (LIA's Optimization-1) unless `resident_layers` is False (`_allowed_tiers`).
     `memo` keeps the phase fronts of `memo_phases` between calls on CostGraphs that price those phases alike (the
     prefill micro-batches of one point: their decode is the same).
+    With `per_tier_vector`, the last pruning across tier vectors is skipped: every tier vector keeps its own
+    front over (seconds, staging, GPU use), which passes/ilp_serve.py combines over batch sizes (a tier vector
+    dominated at one batch size may still be the best memory placement for the mix).
     """
     tiers = costs.tiers
     num_units = len(cls.units)
@@ -450,7 +453,7 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     keyed = tuple(t for t in TIERS if t not in roomy)
     groups: dict[tuple[int, ...], list[int]] = {}
     for k, p in enumerate(parts):
-        groups.setdefault(tuple(p[2][t] for t in keyed), []).append(k)
+        groups.setdefault((k,) if per_tier_vector else tuple(p[2][t] for t in keyed), []).append(k)
     rows = []  # (part, prefill row, decode row)
     for members in groups.values():
         index = np.concatenate([np.full(parts[k][5].size, k) for k in members])

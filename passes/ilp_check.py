@@ -29,7 +29,7 @@ from liac.passes.price import layer_time, operand_tiers
 from liac.plan import TIERS
 from liac.sizes import GIB
 
-__all__ = ["SolutionCheckError", "GAP_TOLERANCE", "check_solution", "certified_bound"]
+__all__ = ["SolutionCheckError", "GAP_TOLERANCE", "check_solution", "verify_assignment", "certified_bound"]
 
 GAP_TOLERANCE = 1e-9  # relative: the tolerance every level is closed to (the solvers' 1e-9)
 _PRICE_TOLERANCE = 1e-9  # relative: a stored configuration's seconds against its re-pricing
@@ -46,6 +46,20 @@ def check_solution(costs: CostGraph, assignment: Assignment, certificate: Certif
     Raises:
         SolutionCheckError: the objective or the memory the assignment claims does not match its re-pricing, or
             it does not fit the budgets.
+    """
+    objective = verify_assignment(costs, assignment)
+    bound = certified_bound(costs, configs, certificate)
+    gap = max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
+    return 0.0 if gap <= GAP_TOLERANCE else gap
+
+
+def verify_assignment(costs: CostGraph, assignment: Assignment) -> float:
+    """Steps 1 and 2 of the module docstring: re-price every chosen configuration, count the layers, check the
+    buffers and every budget; returns the re-priced objective in seconds (also used by passes/ilp_serve.py on each
+    batch size's placement of a serving plan).
+
+    Raises:
+        SolutionCheckError: as `check_solution`.
     """
     staging = workspace = 0
     objective = 0.0
@@ -82,9 +96,7 @@ def check_solution(costs: CostGraph, assignment: Assignment, certificate: Certif
     if abs(objective - assignment.objective_seconds) > _PRICE_TOLERANCE * objective:
         raise SolutionCheckError(f"solver check: objective {assignment.objective_seconds!r} s, re-priced "
                                  f"{objective!r} s")
-    bound = certified_bound(costs, configs, certificate)
-    gap = max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
-    return 0.0 if gap <= GAP_TOLERANCE else gap
+    return objective
 
 
 def _experts(cls) -> int:

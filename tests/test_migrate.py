@@ -2,10 +2,11 @@
 
 Round trips (the Kubernetes rule: convert to another version and back without loss):
   dataclass → YAML → dataclass is the identity for any valid plan (floats already at 6 significant digits, as
-  every writer produces them through liac.schema_tools.stable_float);
-  v3 → v2 (`_downgrade_to_v2`) → v3, v3 → v2 → v1 (`_downgrade_to_v1`) → v3 and on to v1alpha1
-  (`_downgrade_to_v1alpha1`) are the identity for every plan the older versions can express (v2: a prefill of the
-  whole batch at once; v1: no split sublayers); the downgrades are written independently of the migrations.
+  every writer produces them through liac.schema_tools.stable_float), serving plans included;
+  v4 → v3 (`_downgrade_to_v3`) → v4, v4 → v3 → v2 (`_downgrade_to_v2`) → v4, v4 → v2 → v1 (`_downgrade_to_v1`) → v4
+  and on to v1alpha1 (`_downgrade_to_v1alpha1`) are the identity for every plan the older versions can express (v3:
+  no serving batches; v2: also a prefill of the whole batch at once; v1: also no split sublayers); the downgrades
+  are written independently of the migrations.
 """
 
 from __future__ import annotations
@@ -20,23 +21,39 @@ from artifact_plans import TINY_LLAMA, TINY_OPT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from liac.migrate import MIGRATIONS, MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1, migrate_v2_to_v3
+from liac.migrate import (MIGRATIONS, MigrationError, migrate_v1_to_v2, migrate_v1alpha1_to_v1, migrate_v2_to_v3,
+                          migrate_v3_to_v4)
 from liac.cli import main
 from liac.errors import LiacError
 from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
-from liac.plan import (API_VERSION, DEVICES, SPLIT_UNITS, TIERS, Budgets, Execution, HardwareSpec, LayerGroup,
-                       Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
-                       SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, check_semantics, load_plan,
-                       parse_plan, plan_to_yaml)
+from liac.plan import (API_VERSION, DEVICES, HOST_TIERS, SPLIT_UNITS, TIERS, Budgets, ComputePlacement, Execution,
+                       GroupPlacement, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan, PlanSpec,
+                       PlanStatus, Predicted, Serving, ServingBatch, ServingBatchStatus, ServingStatus, SolverReport,
+                       SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, batch_plan, check_semantics,
+                       load_plan, parse_plan, plan_to_yaml)
 from liac.schema_tools import stable_float, to_data
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _downgrade_to_v2(doc: dict) -> dict:
-    """v3 → v2 for a plan whose prefill is one batch: the micro-batch fields go (v2 prefilled the whole batch)."""
+def _downgrade_to_v3(doc: dict) -> dict:
+    """v4 → v3 for a plan without serving batches: the two `serving` sections go."""
     old = copy.deepcopy(doc)
+    old["apiVersion"] = "liac/v3"
+    for part in ("spec", "status"):
+        assert old[part].pop("serving") == {"batches": []}
+    return old
+
+
+def _up_from_v2(doc: dict) -> dict:
+    return migrate_v3_to_v4(migrate_v2_to_v3(doc))
+
+
+def _downgrade_to_v2(doc: dict) -> dict:
+    """v4 or v3 → v2 for a plan without serving batches whose prefill is one batch: the micro-batch fields go (v2
+    prefilled the whole batch)."""
+    old = _downgrade_to_v3(doc) if doc["apiVersion"] == "liac/v4" else copy.deepcopy(doc)
     old["apiVersion"] = "liac/v2"
     execution, work = old["spec"]["execution"], old["spec"]["workload"]
     assert (execution.pop("prefill_microbatch_sequences"), execution.pop("prefill_microbatch_tokens")) == (
@@ -45,9 +62,9 @@ def _downgrade_to_v2(doc: dict) -> dict:
 
 
 def _downgrade_to_v1(doc: dict) -> dict:
-    """v3 → v1 (through v2) for a plan without splits: the permille fields go (v1 meant 1000 on the CPU, 0 on the
+    """v4 → v1 (through v2) for a plan without splits: the permille fields go (v1 meant 1000 on the CPU, 0 on the
     GPU)."""
-    old = _downgrade_to_v2(doc) if doc["apiVersion"] == "liac/v3" else copy.deepcopy(doc)
+    old = _downgrade_to_v2(doc) if doc["apiVersion"] in ("liac/v3", "liac/v4") else copy.deepcopy(doc)
     old["apiVersion"] = "liac/v1"
     for group in old["spec"]["layer_groups"]:
         for sub in group["sublayers"]:
@@ -76,7 +93,7 @@ def test_kept_v1alpha1_fixture_loads_as_the_kept_v1_plan():
 
 def test_kept_v2_fixture_loads_as_the_kept_v3_plan():
     old, new = load_plan(FIXTURES / "v2-tiny-opt.yaml"), load_plan(FIXTURES / "v3-tiny-opt.yaml")
-    assert old == new and old.apiVersion == API_VERSION == "liac/v3"
+    assert old == new and old.apiVersion == API_VERSION == "liac/v4"
     execution, work = new.spec.execution, new.spec.workload
     assert (execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens) == (work.batch_size,
                                                                                            work.prompt_len)
@@ -101,7 +118,7 @@ def test_v2_migration_is_pure_and_refuses_a_workload_without_sizes():
 def test_kept_v1_fixtures_load_as_the_kept_v2_plans():
     for name in ("tiny-opt", "opt-30b-spr-a100"):
         old, new = load_plan(FIXTURES / f"v1-{name}.yaml"), load_plan(FIXTURES / f"v2-{name}.yaml")
-        assert old == new and old.apiVersion == API_VERSION
+        assert old == new and old.apiVersion == API_VERSION == "liac/v4"
         for sub in (s for g in new.spec.layer_groups for s in g.sublayers):
             assert sub.prefill_cpu_permille == (1000 if sub.prefill == "cpu" else 0)
             assert sub.decode_cpu_permille == (1000 if sub.decode == "cpu" else 0)
@@ -126,7 +143,7 @@ def test_v1_migration_is_pure_and_refuses_what_v1_could_not_say():
 
 def test_every_kept_fixture_validates(capsys):
     files = sorted(FIXTURES.glob("*.yaml"))
-    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1", "v2", "v3"}
+    assert {f.name.split("-")[0] for f in files} >= {"v1alpha1", "v1", "v2", "v3", "v4"}
     assert main(["validate", *map(str, files)]) == 0
     assert capsys.readouterr().out.count(": OK (valid plan)") == len(files)
 
@@ -199,8 +216,9 @@ def _units(draw, names, kv_tier, splits):
 
 
 @st.composite
-def valid_plans(draw, splits=True):
-    base = draw(st.sampled_from([TINY_OPT, TINY_LLAMA, TINY_QWEN, TINY_MIXTRAL]))
+def valid_plans(draw, splits=True, serve=False):
+    # serving plans are for dense models (an MoE model's serving batches are refused: test_moe_serving_refused)
+    base = draw(st.sampled_from([TINY_OPT, TINY_LLAMA, TINY_QWEN] + ([] if serve else [TINY_MIXTRAL])))
     cfg = base.with_layers(draw(st.integers(1, 6)), name=draw(_NAMES))
     cuts = sorted(draw(st.sets(st.integers(1, cfg.num_layers - 1), max_size=3))) if cfg.num_layers > 1 else []
     bounds = [0, *cuts, cfg.num_layers]
@@ -217,12 +235,14 @@ def valid_plans(draw, splits=True):
                              draw(st.sampled_from(("latency", "throughput")))),
                     Budgets(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
                     TierBytes(draw(_BYTES), draw(_BYTES), draw(_BYTES)),
-                    Execution(draw(st.integers(0, 4)), draw(_BYTES), 1, 1), tuple(groups))
+                    Execution(draw(st.integers(0, 4)), draw(_BYTES), 1, 1), tuple(groups), Serving(()))
     whole = draw(st.booleans())
     spec = dataclasses.replace(spec, execution=dataclasses.replace(
         spec.execution, prefill_microbatch_sequences=spec.workload.batch_size if whole else draw(
             st.integers(1, spec.workload.batch_size)),
         prefill_microbatch_tokens=spec.workload.prompt_len if whole else draw(st.integers(1, spec.workload.prompt_len))))
+    serving, serving_status = (draw(_serving(spec, splits)) if serve else ((), ()))
+    spec = dataclasses.replace(spec, serving=Serving(serving))
     times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), draw(_SECONDS), draw(_SECONDS),
                                draw(_SECONDS))
                   for g in groups for s in g.sublayers for phase in ("prefill", "decode")
@@ -230,8 +250,43 @@ def valid_plans(draw, splits=True):
     status = PlanStatus(SolverReport(draw(_NAMES), draw(st.sampled_from(("optimal", "feasible", "fixed"))),
                                      draw(_SECONDS), draw(_SECONDS)),
                         Predicted(*(draw(_SECONDS) for _ in range(5)), times),
-                        tuple(TierUsage(t, draw(_BYTES), draw(_BYTES)) for t in TIERS))
+                        tuple(TierUsage(t, draw(_BYTES), draw(_BYTES)) for t in TIERS), ServingStatus(serving_status))
     return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(draw(_NAMES), draw(_NAMES)), spec, status)
+
+
+@st.composite
+def _compute(draw, sub: SublayerPlacement, kv_tier: str, splits: bool):
+    """A compute placement the sublayer's tiers allow (weights in 'hbm' compute on the GPU, an 'hbm' KV cache is
+    attended on the GPU in decode, only weight GEMMs off HBM split)."""
+    if sub.weights == "hbm":
+        return ComputePlacement(sub.name, "gpu", "gpu", 0, 0)
+    choices = DEVICES + ("split",) if splits and sub.name in SPLIT_UNITS and sub.weights in HOST_TIERS else DEVICES
+    placed = {phase: draw(st.sampled_from(choices)) for phase in ("prefill", "decode")}
+    if sub.name in ("attn_score", "attn_context") and kv_tier == "hbm":
+        placed["decode"] = "gpu"
+    permille = {phase: draw(st.integers(1, 999)) if where == "split" else 1000 * (where == "cpu")
+                for phase, where in placed.items()}
+    return ComputePlacement(sub.name, placed["prefill"], placed["decode"], permille["prefill"], permille["decode"])
+
+
+@st.composite
+def _serving(draw, spec: PlanSpec, splits: bool):
+    """Serving batches ending at the workload's batch (placed as spec.layer_groups), and their status rows."""
+    top = spec.workload.batch_size
+    smaller = sorted(draw(st.sets(st.integers(1, top - 1), max_size=3))) if top > 1 else []
+    batches = []
+    for size in smaller + [top]:
+        groups = []
+        for group in spec.layer_groups:
+            if size == top:
+                subs = tuple(ComputePlacement(s.name, s.prefill, s.decode, s.prefill_cpu_permille,
+                                              s.decode_cpu_permille) for s in group.sublayers)
+            else:
+                subs = tuple(draw(_compute(s, group.kv_cache, splits)) for s in group.sublayers)
+            groups.append(GroupPlacement(group.name, subs))
+        batches.append(ServingBatch(size, draw(st.integers(1, 100)), tuple(groups)))
+    rows = tuple(ServingBatchStatus(b.batch_size, *(draw(_SECONDS) for _ in range(5))) for b in batches)
+    return tuple(batches), rows
 
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -248,14 +303,27 @@ def test_random_plans_round_trip_through_yaml(plan):
 
 
 @_SETTINGS
+@given(valid_plans(serve=True))
+def test_random_serving_plans_round_trip_through_yaml(plan):
+    assert check_semantics(plan) == []
+    text = plan_to_yaml(plan)
+    again = parse_plan(yaml.safe_load(text), "fuzz")
+    assert again == plan and plan_to_yaml(again) == text
+    for batch in plan.spec.serving.batches:  # each live batch's plan is a sound plan of one point
+        assert check_semantics(batch_plan(plan, batch.batch_size)) == []
+
+
+@_SETTINGS
 @given(valid_plans())
-def test_random_plans_round_trip_through_v2(plan):
+def test_random_plans_round_trip_through_v3_and_v2(plan):
     doc = to_data(plan)
+    v3 = _downgrade_to_v3(doc)
+    assert migrate_v3_to_v4(v3) == doc and parse_plan(v3, "fuzz") == plan
     execution, work = plan.spec.execution, plan.spec.workload
     if (execution.prefill_microbatch_sequences, execution.prefill_microbatch_tokens) != (work.batch_size,
                                                                                        work.prompt_len):
         return  # v2 cannot say it
-    assert migrate_v2_to_v3(_downgrade_to_v2(doc)) == doc
+    assert _up_from_v2(_downgrade_to_v2(doc)) == doc
     assert parse_plan(_downgrade_to_v2(doc), "fuzz") == plan
 
 
@@ -268,7 +336,29 @@ def test_random_plans_round_trip_through_v1_and_v1alpha1(plan):
                                                                                        work.prompt_len):
         return  # v1 cannot say it
     v1 = _downgrade_to_v1(doc)
-    assert migrate_v2_to_v3(migrate_v1_to_v2(v1)) == doc
+    assert _up_from_v2(migrate_v1_to_v2(v1)) == doc
     assert parse_plan(v1, "fuzz") == plan
     assert migrate_v1alpha1_to_v1(_downgrade_to_v1alpha1(v1)) == v1
     assert parse_plan(_downgrade_to_v1alpha1(v1), "fuzz") == plan
+
+
+def test_kept_v3_fixture_loads_as_the_kept_v4_plan():
+    old, new = load_plan(FIXTURES / "v3-tiny-opt.yaml"), load_plan(FIXTURES / "v4-tiny-opt.yaml")
+    assert old == new and new.spec.serving.batches == () and new.status.serving.batches == ()
+    # a v4 serving plan (compiled: the tiny OPT on spr-h100, batches 1, 2, 4) keeps a placement per batch size
+    serve = load_plan(FIXTURES / "v4-tiny-opt-serve.yaml")
+    assert [b.batch_size for b in serve.spec.serving.batches] == [1, 2, 4]
+
+
+def test_v4_migration_is_pure_and_refuses_a_v3_document_with_serving():
+    doc = yaml.safe_load((FIXTURES / "v3-tiny-opt.yaml").read_text())
+    before = copy.deepcopy(doc)
+    out = migrate_v3_to_v4(doc)
+    assert doc == before and out["apiVersion"] == "liac/v4"
+    assert out["spec"]["serving"] == out["status"]["serving"] == {"batches": []}
+    assert _downgrade_to_v3(out) == doc
+    doc["spec"]["serving"] = {"batches": []}
+    with pytest.raises(MigrationError) as raised:
+        migrate_v3_to_v4(doc)
+    assert (raised.value.path, raised.value.message) == ("spec.serving",
+                                                         "unknown field: liac/v3 has no serving batches")

@@ -5,7 +5,9 @@ YAML spells it. Both plans are expanded to one configuration per layer (device p
 unit, KV tier), compared, and equal changes on consecutive layers are folded into one range, so re-cutting the
 same placement into different `layer_groups` is no difference at all. Also compared: model and hardware identity,
 workload, budgets, execution, memory reserved per tier (spec) and used per tier (status), predicted times and
-tokens/s (with the change in %), and the solver report. Not compared: `metadata` (name, liac version).
+tokens/s (with the change in %), and the solver report. Serving plans: the live batch sizes and their weights, each
+batch size's placement layer by layer (`liac.plan.batch_plan`), and its predicted step time. Not compared:
+`metadata` (name, liac version).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from liac.plan import PHASES, expert_placement
+from liac.plan import PHASES, batch_plan, expert_placement
 from liac.sweep import plan_files
 from liac.sizes import format_gib
 
@@ -164,6 +166,33 @@ def _placement_changes(a, b) -> list[Change]:
     return out
 
 
+def _serving_changes(a, b) -> list[Change]:
+    """Live batch sizes added or removed, weights, and per batch size present in both its placement (tiers are the
+    shared memory placement's, compared above) and its predicted step time."""
+    sizes_a = {x.batch_size: x for x in a.spec.serving.batches}
+    sizes_b = {x.batch_size: x for x in b.spec.serving.batches}
+    rows_a = {r.batch_size: r for r in a.status.serving.batches}
+    rows_b = {r.batch_size: r for r in b.status.serving.batches}
+    out = []
+    for size in sorted(set(sizes_a) | set(sizes_b)):
+        subject = f"batch {size}"
+        if size not in sizes_a or size not in sizes_b:
+            old = f"weight {sizes_a[size].weight}" if size in sizes_a else "(no serving batch)"
+            new = f"weight {sizes_b[size].weight}" if size in sizes_b else "(no serving batch)"
+            out.append(Change("serving", subject, old, new))
+            continue
+        if sizes_a[size].weight != sizes_b[size].weight:
+            out.append(Change("serving", f"{subject}: weight", str(sizes_a[size].weight), str(sizes_b[size].weight)))
+        for change in _placement_changes(batch_plan(a, size), batch_plan(b, size)):
+            if change.section.startswith("placement"):
+                out.append(Change(f"serving {subject} {change.section}", change.subject, change.old, change.new))
+        if size in rows_a and size in rows_b and rows_a[size].step_seconds != rows_b[size].step_seconds:
+            old, new = rows_a[size].step_seconds, rows_b[size].step_seconds
+            out.append(Change("serving predicted", f"{subject}: step", f"{old:.4g} s", f"{new:.4g} s",
+                              _percent(old, new)))
+    return out
+
+
 def _status_changes(a, b) -> list[Change]:
     out = []
     pa, pb = a.status.predicted, b.status.predicted
@@ -198,6 +227,7 @@ def diff_plans(a, b, source_a: str = "a", source_b: str = "b") -> PlanDiff:
     changes += _record_changes("memory reserved", a.spec.memory, b.spec.memory,
                                ["hbm_bytes", "ddr_bytes", "cxl_bytes"], as_bytes=True)
     changes += _placement_changes(a, b)
+    changes += _serving_changes(a, b)
     changes += _status_changes(a, b)
     return PlanDiff(source_a, source_b, tuple(changes))
 

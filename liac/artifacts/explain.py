@@ -15,6 +15,11 @@ then:
 
 The per-unit prices are per layer: decode's per token step (means over the steps), prefill's for the whole pass
 (summed over its micro-batches, docs/cost-model.md Eq. 20).
+
+A serving plan (`spec.serving`) is explained at one live batch size (`batch`, default the largest, whose placement
+is `spec.layer_groups`'): that batch's placement priced at that batch (`liac.plan.batch_plan`), the memory of the
+one shared placement; and a table of every batch size: its placements, its step time re-priced here beside
+`status.serving`'s, and its own optimum's (what sharing one memory placement costs it).
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from liac.artifacts.footprint import group_tier_bytes
 from liac.artifacts.validate import BUDGET_FIELD, staging_buffers
 from liac.passes.costs import Microbatch
 from liac.passes.price import ddr_sharing, plan_costs, plan_profile, price_plan, unit_prices
-from liac.plan import PHASES, expert_placement
+from liac.plan import PHASES, batch_plan, expert_placement
+from liac.sweep import policy_string
 from liac.sizes import format_gib
 
-__all__ = ["UnitExplanation", "TierPressure", "GroupInfo", "Explanation", "explain_plan", "render_text"]
+__all__ = ["UnitExplanation", "TierPressure", "GroupInfo", "ServingRow", "Explanation", "explain_plan",
+           "render_text"]
 
 _TIER_WORDS = {"hbm": "GPU memory (hbm)", "ddr": "host DDR (ddr)", "cxl": "CXL memory (cxl)"}
 
@@ -79,6 +86,20 @@ class GroupInfo:
 
 
 @dataclass(frozen=True)
+class ServingRow:
+    """One live batch size of a serving plan: its placements and step time (re-priced here, and as the compiler
+    wrote it), beside its own optimum's step time."""
+
+    batch_size: int
+    share: float
+    prefill_policy: str
+    decode_policy: str
+    step_seconds: float
+    status_step_seconds: float
+    own_step_seconds: float
+
+
+@dataclass(frozen=True)
 class Explanation:
     source: str
     model: str
@@ -95,6 +116,7 @@ class Explanation:
     microbatches: int = 1  # micro-batches per layer
     workspace_bytes: int = 0  # the decoder's activation workspace at that micro-batch (Eq. 14)
     whole_batch_workspace_bytes: int = 0  # ... and with the whole batch at once
+    serving: tuple[ServingRow, ...] = ()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -218,12 +240,32 @@ def _experts_reason(placed, phase: str, experts: int, tier: str, deltas: dict) -
     return ", ".join(where) + (f"; {'; '.join(parts)}" if parts else "")
 
 
-def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
-    """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead."""
+def _serving_rows(plan, profile, graph) -> tuple[ServingRow, ...]:
+    """Every live batch size of a serving plan, re-priced at its own batch (over one traced `graph`)."""
+    batches, rows = plan.spec.serving.batches, plan.status.serving.batches
+    if not batches:
+        return ()
+    gen = plan.spec.workload.gen_len
+    out = []
+    for batch, row in zip(batches, rows):
+        live = batch_plan(plan, batch.batch_size)
+        priced = price_plan(live, hw=profile, graph=graph)
+        out.append(ServingRow(batch.batch_size, row.share, policy_string(live, "prefill"),
+                              policy_string(live, "decode"), priced.total_seconds / gen, row.step_seconds,
+                              row.own_step_seconds))
+    return tuple(out)
+
+
+def explain_plan(plan, source: str = "plan", hw=None, batch: int | None = None) -> Explanation:
+    """Re-price `plan` (see the module docstring). `hw`: a profile (name, file, HardwareProfile) to use instead.
+    `batch`: for a serving plan, the live batch size whose placement to explain (default: the largest)."""
     profile = plan_profile(plan, hw)
     from liac.passes.trace import trace_model  # late import: tracing loads torch (price_plan would load it too)
 
     graph = trace_model(plan.model_config)
+    shared, serving = plan, _serving_rows(plan, profile, graph)
+    if batch is not None:
+        plan = batch_plan(plan, batch)
     price = price_plan(plan, hw=profile, graph=graph)
     work = price.costs.workload
     microbatch = price.costs.microbatch
@@ -280,17 +322,21 @@ def explain_plan(plan, source: str = "plan", hw=None) -> Explanation:
                                              reason))
         groups.append(GroupInfo(group.name, group.layer_class, group.first_layer, group.layer_count,
                                 group.kv_cache, layer))
-    predicted = plan.status.predicted
+    predicted = {"prefill_seconds": price.prefill_seconds, "decode_seconds_per_token": price.decode_seconds_per_token,
+                 "total_seconds": price.total_seconds, "tokens_per_second": price.tokens_per_second}
+    if plan is shared:  # the compiler's own numbers, as the plan states them (equal to the re-pricing)
+        status = plan.status.predicted
+        predicted = {"prefill_seconds": status.prefill_seconds,
+                     "decode_seconds_per_token": status.decode_seconds_per_token,
+                     "total_seconds": status.total_seconds, "tokens_per_second": status.tokens_per_second}
     return Explanation(
         source, spec.model.name, spec.hardware.profile, spec.workload.batch_size, spec.workload.prompt_len,
-        spec.workload.gen_len, spec.workload.objective,
-        {"prefill_seconds": predicted.prefill_seconds, "decode_seconds_per_token": predicted.decode_seconds_per_token,
-         "total_seconds": predicted.total_seconds, "tokens_per_second": predicted.tokens_per_second},
-        tuple(_tier_pressure(plan)), tuple(groups), tuple(units),
+        spec.workload.gen_len, spec.workload.objective, predicted,
+        tuple(_tier_pressure(shared)), tuple(groups), tuple(units),
         microbatch=f"{microbatch.sequences} sequence{'s' if microbatch.sequences > 1 else ''} x {microbatch.tokens} tokens",
         microbatches=microbatch.count(work),
         workspace_bytes=price.costs.layer_class("decoder").workspace_bytes,
-        whole_batch_workspace_bytes=whole_costs.layer_class("decoder").workspace_bytes)
+        whole_batch_workspace_bytes=whole_costs.layer_class("decoder").workspace_bytes, serving=serving)
 
 
 def render_text(ex: Explanation) -> str:
@@ -307,6 +353,17 @@ def render_text(ex: Explanation) -> str:
                   f"{ex.microbatch}; activation workspace {format_gib(ex.workspace_bytes)}"
                   + (f" (the whole batch at once would need {format_gib(ex.whole_batch_workspace_bytes)})"
                      if ex.microbatches > 1 else "")]
+    if ex.serving:
+        lines += ["", f"Serving: one memory placement, a compute placement per live batch size (this page explains "
+                      f"batch {ex.batch_size}; --batch N another); step = (prefill + decode) / gen, re-priced here, "
+                      "beside the plan's status and the step time of a plan for that batch size alone:",
+                  f"    {'batch':>5} {'share':>6}  {'prefill policy':<24} {'decode policy':<24} {'step':>10} "
+                  f"{'status':>10} {'alone':>10} {'sharing':>8}"]
+        for row in ex.serving:
+            cost = row.step_seconds / row.own_step_seconds - 1 if row.own_step_seconds > 0 else 0.0
+            lines.append(f"    {row.batch_size:>5} {row.share:>6.2f}  {row.prefill_policy:<24} {row.decode_policy:<24} "
+                         f"{_ms(row.step_seconds):>10} {_ms(row.status_step_seconds):>10} "
+                         f"{_ms(row.own_step_seconds):>10} {100 * cost:>+7.1f}%")
     header = (f"    {'unit':<13} {'device':<6} {'operand in':<10} {'CPU':>11} {'GPU':>11} {'PCIe if CPU':>11} "
               f"{'if GPU':>11} {'stream':>11}   why (stream: if on the GPU)")
     for group in ex.groups:

@@ -7,8 +7,10 @@ Three layers of checks, each run only when the previous one passed (a later laye
    allowed by the placement);
 3. capacities and status: the bytes the plan puts in each tier, recomputed from `spec.model.config` by
    `footprint.tier_footprint` (not taken from the compiler), against `spec.memory` and `spec.budgets`; the
-   compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals); and a warning
-   when the shipped hardware profile the plan names has changed since it was compiled.
+   compiler's `status` against `spec` (its memory report, its per-sublayer devices, its totals; for a serving
+   plan, a `status.serving` row per serving batch with its share and a step time no better than that batch size's
+   own optimum); and a warning when the shipped hardware profile the plan names has changed since it was
+   compiled.
 
 A sweep directory (liac/sweep.py) is checked plan by plan and its `index.yaml` against the plans it lists
 (`index.index_problems`); a directory of sweeps, sweep by sweep and its `sweeps.yaml` catalog against them.
@@ -93,7 +95,7 @@ def validate_document(doc: Any, source: str):
 def plan_problems(plan) -> list[tuple[str, str, str]]:
     """Layer 3 on a semantically valid plan: (path, message, severity) triples."""
     return (_capacity_problems(plan) + _status_memory_problems(plan) + _status_time_problems(plan)
-            + _profile_warnings(plan))
+            + _status_serving_problems(plan) + _profile_warnings(plan))
 
 
 def _profile_warnings(plan) -> list[tuple[str, str, str]]:
@@ -187,6 +189,29 @@ def _status_time_problems(plan) -> list[tuple[str, str, str]]:
         if not _close(predicted.tokens_per_second, rate):
             out.append(("status.predicted.tokens_per_second", f"must equal batch_size × gen_len / total_seconds "
                         f"({rate:.6g}), got {predicted.tokens_per_second:.6g}", "error"))
+    return out
+
+
+def _status_serving_problems(plan) -> list[tuple[str, str, str]]:
+    """status.serving against spec.serving: one row per serving batch, in order, with its share of the weights;
+    sharing one memory placement never beats the batch size's own optimum (the compiler's optimum is exact)."""
+    batches, rows = plan.spec.serving.batches, plan.status.serving.batches
+    want = [b.batch_size for b in batches]
+    got = [r.batch_size for r in rows]
+    if got != want:
+        return [("status.serving.batches", f"must hold one row per spec.serving.batches entry, batch sizes "
+                 f"{want}, got {got}", "error")]
+    out = []
+    total = sum(b.weight for b in batches)
+    for index, (batch, row) in enumerate(zip(batches, rows)):
+        where = f"status.serving.batches[{index}]"
+        if total and not _close(row.share, batch.weight / total):
+            out.append((f"{where}.share", f"must equal spec.serving.batches[{index}].weight / the sum of weights "
+                        f"({batch.weight / total:.6g}), got {row.share:.6g}", "error"))
+        if row.step_seconds < row.own_step_seconds * (1 - _RELATIVE_TOLERANCE):
+            out.append((f"{where}.step_seconds", f"must be at least own_step_seconds ({row.own_step_seconds:.6g}): "
+                        f"a batch size cannot run faster over a shared memory placement than over its own optimum, "
+                        f"got {row.step_seconds:.6g}", "error"))
     return out
 
 

@@ -2,6 +2,7 @@
 
     liac compile --model opt-175b --hw spr-h100 --batch 1..256 -o plans/opt-175b
     liac compile --model facebook/opt-30b --gpu-mem 24GiB -o plan.yaml        # for this host, by repo id
+    liac compile --model opt-30b --hw h200-amx16 --gpu-mem 24GiB --serve --batch 1..64 -o serve.yaml
 
 Without `--hw` it plans for this host (liac/host.py: the profile in the user's cache directory, measured on first
 use). Exit status: 0 every point compiled, 3 some (or all) points are infeasible (the feasible ones are written),
@@ -13,18 +14,18 @@ from __future__ import annotations
 import json
 import sys
 
-from liac.commands.flags import parse_batches, parse_bytes
-from liac.errors import EXIT_INFEASIBLE, InfeasibleError
+from liac.commands.flags import parse_batch_weights, parse_batches, parse_bytes
+from liac.errors import EXIT_INFEASIBLE, InfeasibleError, LiacError
 from liac.host import host_profile
 from liac.models import resolve_model
-from liac.plan import OBJECTIVES
+from liac.plan import OBJECTIVES, batch_plan
 from liac.profile import HOST_PROFILE
 from liac.progress import progress_bar
 from liac.schema_tools import to_data
 from liac.sizes import GIB
 from liac.sweep import INDEX_NAME, microbatch_string, policy_string
 
-__all__ = ["register", "run", "summary_table"]
+__all__ = ["register", "run", "summary_table", "serving_table"]
 
 
 def register(sub) -> None:
@@ -58,6 +59,12 @@ def register(sub) -> None:
                         help="ILP solver: auto (HiGHS when highspy is installed, else CBC), cbc, highs")
     parser.add_argument("--prefetch-depth", type=int, default=1, help="layers of streamed weights staged ahead "
                                                                       "(default 1: double buffering)")
+    parser.add_argument("--serve", action="store_true",
+                        help="compile ONE serving plan for every batch size of --batch: one memory placement (KV "
+                             "cache for the largest batch), a compute placement per batch size (lia-serve)")
+    parser.add_argument("--batch-weights", default=None,
+                        help="with --serve: the batch distribution the objective weighs, '1:4,8:2,64:1' or one "
+                             "integer per batch size '4,2,1' (default: uniform)")
     parser.add_argument("-o", "--output", required=True, help="directory (sweep) or .yaml file (one point)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout (the sweep's index "
                                                             "and the files written); the table goes to stderr")
@@ -65,12 +72,21 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from liac.api import compile_plans, output_target, write_plans  # late import: the compiler loads numpy and pulp
+    from liac.api import (check_serving_model, compile_plans, compile_serving,  # late import: numpy and pulp
+                          output_target, write_plans)
 
     sizes = {name: parse_bytes(value, f"--{name.replace('_', '-')}") if value is not None else None
              for name, value in (("gpu_mem", args.gpu_mem), ("cpu_mem", args.cpu_mem), ("cxl_mem", args.cxl_mem))}
     batches = parse_batches(args.batch)
+    if args.batch_weights is not None and not args.serve:
+        raise LiacError("--batch-weights", "applies to a serving plan only: add --serve")
+    weights = parse_batch_weights(args.batch_weights) if args.batch_weights is not None else None
+    if args.serve and args.objective != "latency":
+        raise LiacError("--objective", "must be 'latency' with --serve: a serving plan minimises the weighted "
+                                       "step time of its batch sizes")
     cfg = resolve_model(args.model)  # before a first-use probe: a mistyped model answers at once
+    if args.serve:
+        check_serving_model(cfg)  # before the output is created
     human = sys.stderr if args.json else sys.stdout
     try:
         # The output is checked (and a sweep directory locked) before any compute: an unwritable -o fails at once.
@@ -84,17 +100,23 @@ def run(args) -> int:
                     bar.set_postfix_str(f"batch {batch}", refresh=False)
                     bar.update(1)
 
-                result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len, gen_len=args.gen_len,
-                                       objective=args.objective, policy=args.policy, solver=args.solver,
-                                       prefetch_depth=args.prefetch_depth, resident_layers=args.resident_layers,
-                                       progress=solved, **sizes)
+                if args.serve:
+                    result = compile_serving(cfg, hw, batches=batches, batch_weights=weights,
+                                             prompt_len=args.prompt_len, gen_len=args.gen_len, policy=args.policy,
+                                             solver=args.solver, prefetch_depth=args.prefetch_depth,
+                                             resident_layers=args.resident_layers, progress=solved, **sizes)
+                else:
+                    result = compile_plans(cfg, hw, batches=batches, prompt_len=args.prompt_len,
+                                           gen_len=args.gen_len, objective=args.objective, policy=args.policy,
+                                           solver=args.solver, prefetch_depth=args.prefetch_depth,
+                                           resident_layers=args.resident_layers, progress=solved, **sizes)
             written = write_plans(result, args.output, target)
     except InfeasibleError as e:  # no point fits: nothing is written
         sys.stderr.write(f"liac compile: {e.line()}\n")
         if args.json:
             _print_json({"error": e.line(), "written": []})
         return EXIT_INFEASIBLE
-    human.write(summary_table(result))
+    human.write(serving_table(result.points[0].plan) if args.serve else summary_table(result))
     where = written[0] if len(written) == 1 else f"{args.output} ({len(written) - 1} plans + {INDEX_NAME})"
     human.write(f"wrote {where}\n")
     if result.infeasible:
@@ -140,4 +162,34 @@ def summary_table(result) -> str:
             lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
         else:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    return "\n".join(lines) + "\n"
+
+
+def serving_table(plan) -> str:
+    """A serving plan: its memory per tier, then one row per live batch size: its share of the objective, its
+    placements per phase, predicted prefill, decode step and step time (prefill amortised), beside the step time
+    of that batch size's own optimum and what sharing one memory placement costs it."""
+    memory = {u.tier: u.used_bytes for u in plan.status.memory}
+    header = ("batch", "share", "prefill policy", "decode policy", "prefill s", "decode s/tok", "step s", "alone s",
+              "sharing")
+    rows = []
+    for row in plan.status.serving.batches:
+        live = batch_plan(plan, row.batch_size)
+        cost = row.step_seconds / row.own_step_seconds - 1 if row.own_step_seconds > 0 else 0.0
+        rows.append((str(row.batch_size), f"{row.share:.2f}", policy_string(live, "prefill"),
+                     policy_string(live, "decode"), f"{row.prefill_seconds:.3g}",
+                     f"{row.decode_seconds_per_token:.3g}", f"{row.step_seconds:.3g}", f"{row.own_step_seconds:.3g}",
+                     f"+{100 * cost:.1f}%"))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    solver = plan.status.solver
+    lines = [f"{plan.metadata.name}: one memory placement for batch sizes "
+             + ", ".join(r[0] for r in rows) + f" (HBM {_gib(memory['hbm'])} GiB, DDR {_gib(memory['ddr'])} GiB, "
+             f"CXL {_gib(memory['cxl'])} GiB; KV cache for batch {plan.spec.workload.batch_size}), a compute "
+             f"placement per batch size; weighted step time "
+             f"{solver.objective_seconds / plan.spec.workload.gen_len:.3g} s ({solver.name}, {solver.status}, gap "
+             f"{solver.gap:g})",
+             "policy letters per decoder unit: C = CPU, G = GPU, S = split; 'alone': the step time of a plan for "
+             "that batch size alone; 'sharing': what one memory placement for all costs it"]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
     return "\n".join(lines) + "\n"

@@ -22,6 +22,8 @@ def register(sub) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan file (.yaml)")
     parser.add_argument("--hw", default=None, help="hardware profile file to price with, when the shipped "
                                                    "profile the plan names has changed since it was compiled")
+    parser.add_argument("--batch", type=int, default=None, help="serving plan: the live batch size whose placement "
+                                                                "to explain (default: the largest)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     parser.set_defaults(func=run)
 
@@ -29,7 +31,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from liac.artifacts.explain import explain_plan, render_text  # late import: pricing loads numpy and the tracer
 
-    explanation = explain_plan(load_plan(args.plan), source=args.plan, hw=args.hw)
+    explanation = explain_plan(load_plan(args.plan), source=args.plan, hw=args.hw, batch=args.batch)
     if args.format == "json":
         sys.stdout.write(json.dumps(explanation.to_json(), indent=2, sort_keys=True) + "\n")
     else:

@@ -5,6 +5,7 @@ these turn what a user types into those values and nothing more. Not a command: 
 
     parse_batches("1..256")            # (1, 2, 4, ..., 256)
     parse_bytes("24GiB", "--gpu-mem")  # 25769803776
+    parse_batch_weights("1:4,8:2")     # {1: 4, 8: 2}; '4,2,1' → (4, 2, 1), one per batch size
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from liac.errors import LiacError, brief
 from liac.plan import MAX_BATCH, MAX_BYTES
 
-__all__ = ["parse_batches", "parse_bytes", "positive_int"]
+__all__ = ["parse_batches", "parse_bytes", "positive_int", "parse_batch_weights"]
 
 
 def parse_batches(text: str, source: str = "--batch") -> tuple[int, ...]:
@@ -74,3 +75,23 @@ def positive_int(text: str, flag: str) -> int:
     if value < 1:
         raise LiacError(flag, f"must be a positive integer, got {brief(str(text))}")
     return value
+
+
+def parse_batch_weights(text: str, source: str = "--batch-weights") -> dict[int, int] | tuple[int, ...]:
+    """'1:4,8:2,64:1' (batch: weight; sizes left out weigh 0) → {1: 4, 8: 2, 64: 1}, or '4,2,1' (one weight per
+    batch size, in ascending order) → (4, 2, 1). Weights are integers at least 0 (relative: a histogram of live
+    batch sizes works as it is); `liac.api.compile_serving` checks them against the batch sizes."""
+    parts = [part.strip() for part in text.split(",")]
+    keyed = [re.fullmatch(r"(\d+)\s*:\s*(\d+)", part) for part in parts]
+    if all(keyed):
+        out = {}
+        for match in keyed:
+            batch, weight = int(match.group(1)), int(match.group(2))
+            if batch < 1 or batch in out:
+                raise LiacError(source, f"batch sizes must be positive and named once, got '{text}'")
+            out[batch] = weight
+        return out
+    if all(re.fullmatch(r"\d+", part) for part in parts):
+        return tuple(int(part) for part in parts)
+    raise LiacError(source, f"must be weights per batch size like '1:4,8:2,64:1', or one per batch size like "
+                            f"'4,2,1', got '{text}'")

@@ -16,7 +16,7 @@ from liac.models.config import ModelConfig
 from liac.plan import (API_VERSION, Budgets, Execution, HardwareSpec, LayerGroup, Metadata, ModelSpec, OffloadPlan,
                        PlanSpec,
                        PlanStatus, Predicted, SolverReport, SublayerPlacement, SublayerTime, TierBytes, TierUsage,
-                       Workload, plan_to_yaml)
+                       Workload, plan_to_yaml, Serving, ServingStatus)
 from liac.schema_tools import stable_float
 
 __all__ = ["TINY_OPT", "TINY_LLAMA", "GIB", "make_plan", "with_group", "replace_sub", "plan_doc", "write_doc",
@@ -62,6 +62,7 @@ def make_plan(cfg: ModelConfig = TINY_OPT, *, batch: int = 1, prompt: int = 16, 
         memory=TierBytes(gpu_bytes // 2, cpu_bytes // 2, cxl_bytes // 2),
         execution=Execution(prefetch_depth, 4096 if prefetch_depth else 0, batch, prompt),
         layer_groups=tuple(groups),
+        serving=Serving(()),
     )
     times = []
     for rank, (group, sub) in enumerate((g, s) for g in groups for s in g.sublayers):
@@ -79,6 +80,7 @@ def make_plan(cfg: ModelConfig = TINY_OPT, *, batch: int = 1, prompt: int = 16, 
         predicted=predicted,
         memory=(TierUsage("hbm", gpu_bytes // 4, gpu_bytes), TierUsage("ddr", cpu_bytes // 4, cpu_bytes),
                 TierUsage("cxl", 0, cxl_bytes)),
+        serving=ServingStatus(()),
     )
     name = f"{cfg.name}.test-hw.b{batch}-p{prompt}-g{gen}"
     return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(name, "0.1.0"), spec, status)

@@ -28,7 +28,7 @@ def test_every_argument_checked_and_unreadable_or_non_yaml_files(tmp_path, capsy
     assert lines[0] == f"{good}: OK (valid plan)"
     assert lines[1].startswith(f"{bad}: not valid YAML: ")
     assert lines[2] == f"{scalar}: must be a YAML mapping with apiVersion, kind, metadata, spec, status"
-    assert lines[3] == f"{old}: apiVersion: unsupported value 'liac/v0': must be one of 'liac/v1', 'liac/v1alpha1', 'liac/v2', 'liac/v3'"
+    assert lines[3] == f"{old}: apiVersion: unsupported value 'liac/v0': must be one of 'liac/v1', 'liac/v1alpha1', 'liac/v2', 'liac/v3', 'liac/v4'"
     assert lines[4] == f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory"
 
 

@@ -24,7 +24,7 @@ from liac.schema_tools import to_data
 TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=4,
                    head_dim=64, ffn_dim=1024, vocab_size=512, max_position=256, norm="layernorm", norm_eps=1e-5,
                    activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
-SCHEMA = json.loads((Path(__file__).parents[2] / "liac" / "schema" / "offload-plan-v3.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "liac" / "schema" / "offload-plan-v4.schema.json").read_text())
 
 
 def compile_tiny(batch=4, hbm_fraction=0.4, policy=None, profile="spr-h100"):

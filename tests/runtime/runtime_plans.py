@@ -39,7 +39,7 @@ from liac.models.config import ModelConfig, from_hf_config
 from liac.plan import (API_VERSION, EXPERT_SLOTS, Budgets, Execution, ExpertPlacement, HardwareSpec, LayerGroup,
                        Metadata, ModelSpec, OffloadPlan, PlanSpec, PlanStatus, Predicted, SolverReport,
                        SublayerPlacement, SublayerTime, TierBytes, TierUsage, Workload, expert_placement,
-                       experts_permille)
+                       experts_permille, Serving, ServingStatus)
 from liac.runtime.backend import EmulatedBackend
 
 __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "PinningBackend", "make_test_backend",
@@ -301,6 +301,7 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
         memory=memory,
         execution=Execution(prefetch_depth, staging, *(microbatch or (batch, prompt_len))),
         layer_groups=tuple(groups),
+        serving=Serving(()),
     )
     times = tuple(SublayerTime(g.name, s.name, phase, getattr(s, phase), 1e-4 * (rank + 1), 1e-6, 0.0)
                   for rank, (g, s) in enumerate((g, s) for g in groups for s in g.sublayers)
@@ -310,7 +311,7 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
     total = prefill_s + per_token * gen_len
     status = PlanStatus(SolverReport("fixed", "fixed", total, 0.0),
                         Predicted(prefill_s, per_token * gen_len, per_token, total, batch * gen_len / total, times),
-                        tuple(TierUsage(t, b, b * 2) for t, b in tier_bytes.items()))
+                        tuple(TierUsage(t, b, b * 2) for t, b in tier_bytes.items()), ServingStatus(()))
     name = f"{cfg.name}.test-host.b{batch}-p{prompt_len}-g{gen_len}"
     return OffloadPlan(API_VERSION, "OffloadPlan", Metadata(name, "0.1.0"), spec, status)
 
