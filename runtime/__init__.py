@@ -23,7 +23,10 @@ Modules, in the order a run uses them:
     sequences.py  per-sequence state: left-padded prompts, EOS stops
     sampling.py   greedy / temperature, top-k, top-p sampling, reproducible per sequence
     text.py       the checkpoint's tokenizer: prompts → token ids → text, chat template, EOS ids
-    engine.py     Engine.from_plan (checks, allocation, loading) and generate / profile
+    engine.py     Engine.from_plan (checks, allocation, loading) and generate / profile; executor_for(live batch)
+    batching.py   continuous batching: requests join and leave the running batch between steps
+    serve/        lia-serve: the batcher on its own thread for asyncio code (AsyncEngine), the OpenAI-compatible
+                  HTTP server (the optional extra 'serve': FastAPI, uvicorn, prometheus_client)
     metrics.py    measured vs predicted (scaled to the request), JSON
     sweep.py      a sweep's index → the plan for a request
     cli.py        lia-run

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 
 from liac.errors import LiacError
-from liac.plan import API_VERSION, HOST_TIERS, PHASES, TIERS, OffloadPlan, check_semantics, load_plan
+from liac.plan import API_VERSION, HOST_TIERS, PHASES, TIERS, OffloadPlan, batch_plan, check_semantics, load_plan
 from liac.runtime.backend import Backend, host_available_bytes, make_backend
 from liac.runtime.executor import Executor, greedy
 from liac.runtime.hostweights import HostWeights
@@ -220,6 +220,9 @@ class Engine:
         self.budget = budget or GpuBudget(plan.spec.budgets.gpu_bytes, 0, 0, 0, False)
         self.closed = False
         self.text = TokenizerSource()  # the tokenizer, for text prompts (from_plan sets it)
+        # A serving plan (spec.serving): one executor per planned batch size, over the same weights, KV cache and
+        # staging buffers (built on first use); the largest batch's placement is the plan's own (`executor`).
+        self._executors: dict[int, Executor] = {plan.spec.workload.batch_size: executor}
 
     @classmethod
     def from_plan(cls, plan: OffloadPlan | str | os.PathLike,
@@ -409,13 +412,28 @@ class Engine:
         return engine
 
     # ------------------------------------------------------------------------------------------------------------
+    def executor_for(self, live: int) -> Executor:
+        """The executor of the compute placement the plan has for a live batch of `live` sequences: a serving
+        plan's smallest batch size that holds it (`liac.plan.batch_plan`), over this engine's weights, KV cache and
+        staging buffers; any other plan's one placement."""
+        self._open()
+        planned = batch_plan(self.plan, live).spec.workload.batch_size
+        if planned not in self._executors:
+            schedule = build_schedule(batch_plan(self.plan, live), self.schedule.itemsize, self.source)
+            main = self.executor
+            self._executors[planned] = Executor(self.backend, schedule, self.cfg, self.dtype, self.store, main.kv,
+                                                main.streamer, self.cpu_linear[0])
+        return self._executors[planned]
+
     def close(self) -> None:
         """Free what this engine allocated (GPU arena, host arenas) and hand cached GPU memory back, so the next
         engine gets it; shared HostWeights stay. The engine cannot generate afterwards."""
         if self.closed:
             return
         self.closed = True
-        self.executor.close()
+        for executor in self._executors.values():
+            executor.close()
+        self._executors = {}
         self.executor = self.store = self.memory = None  # type: ignore[assignment]
         gc.collect()  # the bound modules and closures form cycles; the arenas go with them
         if self.budget.enforced:
@@ -554,7 +572,7 @@ class Engine:
                   stops: StopState, streamer=None, on_step=None) -> Generation:
         ids = batch.ids
         size, prompt_len = ids.shape
-        executor, sync = self.executor, self.backend.synchronize
+        executor, sync = self.executor_for(size), self.backend.synchronize
         moved = self.backend.transfers.totals()
         prefill_head = executor.head_device["prefill"]
         decode_head = executor.head_device["decode"]
@@ -669,12 +687,13 @@ class Engine:
         ids = batch.ids
         size, prompt_len = ids.shape
         self.check_request(size, prompt_len, decode_steps + 1)
-        pad = self.executor.padding(batch.pad)
+        executor = self.executor_for(size)
+        pad = executor.padding(batch.pad)
         timings: dict[tuple, list[float]] = {}
-        frame = self.executor.forward("prefill", ids, 0, timings, pad=pad)
-        feed = self.executor.decode_embed_device
+        frame = executor.forward("prefill", ids, 0, timings, pad=pad)
+        feed = executor.decode_embed_device
         for step in range(decode_steps):
-            frame = self.executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings, pad=pad)
+            frame = executor.forward("decode", frame.vals["next"][feed], prompt_len + step, timings, pad=pad)
         return {key: sum(values) / len(values) for key, values in timings.items()}
 
     def memory_report(self) -> dict[str, dict[str, int | bool | None]]:

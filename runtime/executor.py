@@ -39,7 +39,8 @@ from torch import nn
 
 from liac.models import build_model
 from liac.models.config import ModelConfig
-from liac.models.layers import padded_causal_mask, padded_positions, rope_inv_freq
+from liac.models.layers import (padded_causal_mask, padded_positions, ragged_decode_mask, ragged_positions,
+                               rope_inv_freq)
 from liac.models.mixtral import experts_partial, group_by_expert
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
@@ -273,15 +274,21 @@ class Executor:
 
     # -- passes -------------------------------------------------------------------------------------------------
     def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None, *,
-                pad: dict[str, torch.Tensor] | None = None, pick=greedy) -> Frame:
+                pad: dict[str, torch.Tensor] | None = None, pick=greedy, first_row: int = 0,
+                columns: dict[str, torch.Tensor] | None = None) -> Frame:
         """One pass: `ids` [B, Q] (prefill: host tensor; decode: on the decode embed device) at cache slots
         `start` .. `start` + Q - 1. `pad` (from `padding`): per device, each sequence's leading pad slots [B]; its
         positions then start after them and its attention skips them. `pick` chooses the next token from the
         logits (greedy by default; liac.runtime.sampling). A prefill cut into micro-batches (the plan's
         `spec.execution`) runs layer by layer, each decoder layer over every micro-batch in turn. With `timings`,
         synchronise after every op and add its seconds under (group, sublayers, phase) (a layer's micro-batches
-        summed: one entry per layer and pass)."""
-        frame = self._begin(phase, ids, start, pad, pick)
+        summed: one entry per layer and pass).
+
+        Continuous batching (runtime/batching.py) places a pass in the KV cache: `first_row`, the cache row of
+        sequence 0 (a newcomer's prefill behind the running rows); `columns`, per device each row's own write
+        slot [B] for a decode pass over sequences of different lengths (then `start` is the largest, and `pad`
+        is required)."""
+        frame = self._begin(phase, ids, start, pad, pick, first_row, columns)
         prefill = phase == "prefill"
         parts = self._parts(phase, ids)
         try:
@@ -429,17 +436,21 @@ class Executor:
                 run(segment.program, frame)
 
     def _begin(self, phase: str, ids: torch.Tensor, start: int, pad: dict[str, torch.Tensor] | None,
-               pick) -> Frame:
+               pick, first_row: int = 0, columns: dict[str, torch.Tensor] | None = None) -> Frame:
         batch, length = ids.shape
         frame = Frame(batch, start, length, pick, beside=phase == "prefill")
         frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
         for d in self.devices:
-            if pad is None:
+            if columns is not None:
+                frame.pos[d] = ragged_positions(pad[d], columns[d])
+                frame.mask[d] = ragged_decode_mask(pad[d], columns[d], start + 1, self.arange[d])
+            elif pad is None:
                 frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
                 frame.mask[d] = None
             else:
                 frame.pos[d] = padded_positions(pad[d], start, length, self.arange[d])
                 frame.mask[d] = padded_causal_mask(pad[d], start, length, self.arange[d])
+        self.kv.set_cursor(first_row, columns)
         self.streamer.start(self.stream_units[phase], batch, start)
         return frame
 

@@ -26,7 +26,7 @@ import torch
 
 from liac.errors import LiacError
 
-__all__ = ["SamplingParams", "Sampler", "warp", "draw", "sequence_seed"]
+__all__ = ["SamplingParams", "Sampler", "warp", "draw", "sequence_seed", "generator_for"]
 
 
 @dataclass(frozen=True)
@@ -92,17 +92,25 @@ def draw(probs: torch.Tensor, order: torch.Tensor, uniform: torch.Tensor) -> tor
     return order.gather(-1, at.clamp_(max=probs.shape[-1] - 1))[:, 0]
 
 
+def generator_for(params: SamplingParams, index: int = 0) -> torch.Generator:
+    """The generator of sequence `index` of a batch sampled with `params` (its seed, or a fresh random one)."""
+    seed = int(torch.randint(0, 2**62, ()).item()) if params.seed is None else params.seed
+    return torch.Generator().manual_seed(sequence_seed(seed, index))
+
+
 class Sampler:
     """The token choice of one batch: one SamplingParams and (for sampled rows) one generator per sequence."""
 
-    def __init__(self, params: Sequence[SamplingParams]):
+    def __init__(self, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None] | None = None):
+        """`generators`: one per sequence (None for greedy ones), kept by a caller whose sequences outlive the
+        batch (the continuous batcher: a sequence's draws go on from its own generator whatever shares its step);
+        default: fresh ones seeded from (seed, index) (`generator_for`)."""
         self.params = tuple(params)
         self.sampled = [index for index, p in enumerate(self.params) if not p.greedy]
         self.generators = {}
         for index in self.sampled:
-            seed = self.params[index].seed
-            seed = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed
-            self.generators[index] = torch.Generator().manual_seed(sequence_seed(seed, index))
+            self.generators[index] = generators[index] if generators is not None else \
+                generator_for(self.params[index], index)
         self._tensors: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     @property

@@ -205,6 +205,8 @@ class StreamUnit:
     nbytes: int = 0                                   # exact payload (no alignment padding)
     padded_bytes: int = 0
     expert_slots: tuple[int, ...] = ()                # byte offset of each routed-expert slot (its gate_up, down)
+    kv_shape: tuple[int, ...] = ()                    # [B, G, C, E] of its windows: B is this plan's batch, which
+                                                      # may be below the cache's (a serving plan's smaller batches)
 
 
 @dataclass(frozen=True)
@@ -429,7 +431,7 @@ class _Streamed(NamedTuple):
     rows: tuple[tuple[int, int], ...]
 
 
-def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, kv_window_bytes: int,
+def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, kv_shape: tuple[int, ...],
            itemsize: int, decode_embed_device: str) -> PhaseSchedule:
     layers = []  # (group, layer, specs)
     for group in plan.spec.layer_groups:
@@ -454,7 +456,7 @@ def _phase(plan: OffloadPlan, cfg: ModelConfig, phase: str, params, nbuf: int, k
             ops.extend(layer_ops)
             continue
         stream = _stream_unit(len(stream_units), nbuf, (group.layer_class, layer), streamed, kv_stream,
-                              kv_window_bytes, itemsize, expert_slots)
+                              kv_shape, itemsize, expert_slots)
         stream_units.append(stream)
         ops.extend(_bracketed(layer_ops, stream, group.name))
     return PhaseSchedule(phase, tuple(ops), tuple(stream_units))
@@ -543,10 +545,10 @@ def _gathers(group, phase: str) -> bool:
 
 
 def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_Streamed], kv_stream: list[str],
-                 kv_window_bytes: int, itemsize: int, expert_slots=None) -> StreamUnit:
-    """What one layer copies into staging buffer `index` mod `nbuf`: each parameter once, then its KV windows, then
-    (`expert_slots` = (slots, the experts' parameters)) room for its routed experts, one expert's parameters per
-    slot, each parameter at an aligned offset."""
+                 kv_shape: tuple[int, ...], itemsize: int, expert_slots=None) -> StreamUnit:
+    """What one layer copies into staging buffer `index` mod `nbuf`: each parameter once, then its KV windows (of
+    shape `kv_shape`), then (`expert_slots` = (slots, the experts' parameters)) room for its routed experts, one
+    expert's parameters per slot, each parameter at an aligned offset."""
     offset, exact, placed = 0, 0, []
     seen = set()
     for param, tier, rows in streamed:
@@ -558,6 +560,7 @@ def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_St
         exact += piece.numel * itemsize
         offset += aligned(piece.numel * itemsize)
     kv = []
+    kv_window_bytes = numel(kv_shape) * itemsize
     for which in kv_stream:
         kv.append((which, offset))
         exact += kv_window_bytes
@@ -572,7 +575,7 @@ def _stream_unit(index: int, nbuf: int, key: tuple[str, int], streamed: list[_St
                 exact += nbytes
                 offset += aligned(nbytes)
     return StreamUnit(index, index % nbuf, key[0], key[1], tuple(placed), tuple(kv), exact, offset,
-                      tuple(slot_offsets))
+                      tuple(slot_offsets), tuple(kv_shape) if kv else ())
 
 
 def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -> Schedule:
@@ -592,7 +595,7 @@ def build_schedule(plan: OffloadPlan, itemsize: int = 2, source: str = "plan") -
     embed = [g for g in spec.layer_groups if g.layer_class == "embed"][0]
     # where a decode step's token ids must be: on the embedding's device, on the host for a host-side gather
     decode_embed_device = "cpu" if _gathers(embed, "decode") else embed.sublayers[0].decode
-    phases = {phase: _phase(plan, cfg, phase, params, nbuf, kv_window_bytes, itemsize, decode_embed_device)
+    phases = {phase: _phase(plan, cfg, phase, params, nbuf, kv_shape, itemsize, decode_embed_device)
               for phase in PHASES}
 
     stream_units = [u for p in phases.values() for u in p.stream_units]

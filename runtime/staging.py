@@ -90,7 +90,7 @@ class Streamer:
 
     def window(self, stream_unit: StreamUnit, which: str) -> torch.Tensor:
         offset = dict(stream_unit.kv)[which]
-        return self.view(stream_unit.slot, offset, self.kv.shape)
+        return self.view(stream_unit.slot, offset, stream_unit.kv_shape or self.kv.shape)
 
     def _copy_list(self, stream_unit: StreamUnit, slot: int) -> list[_Copy]:
         """One copy per row block: a whole parameter is one block; a split unit's GPU part
@@ -226,14 +226,14 @@ class Streamer:
             if stream_unit.kv and self.past:
                 self.kv_written.wait(self.stream)
                 layer = stream_unit.layer
-                B, G, C, E = self.kv.shape
+                B, G, C, E = stream_unit.kv_shape or self.kv.shape  # the window's rows: this plan's batch
                 for which, offset in stream_unit.kv:
                     cache = self.kv.k[layer] if which == "k" else self.kv.v[layer]
-                    window = self.view(slot, offset, self.kv.shape)
+                    window = self.view(slot, offset, (B, G, C, E))
                     # One contiguous [past, E] run per (sequence, kv head), strided apart: one 2-D copy.
                     rows = self.batch * G
                     backend.copy_rows(window.view(B * G, C, E)[:rows, :self.past],
-                                      cache.view(B * G, C, E)[:rows, :self.past])
+                                      cache.view(-1, C, E)[:rows, :self.past])
                     nbytes = self.batch * G * self.past * E * cache.element_size()
                     backend.transfers.count(nbytes, True, "stream")
                     backend.transfers.streamed_bytes += nbytes

@@ -26,6 +26,7 @@ from liac.models.config import ModelConfig
 __all__ = [
     "RMSNorm", "make_norm", "rope_inv_freq", "apply_rope", "QKV", "Attention", "ResidualLinear", "NormLinearAct",
     "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer", "padded_positions", "padded_causal_mask",
+    "ragged_positions", "ragged_decode_mask",
 ]
 
 
@@ -184,6 +185,20 @@ def padded_causal_mask(pad: torch.Tensor, start: int, length: int, arange: torch
     causal = keys[None, :] <= queries                        # [Q, C]
     real = keys[None, :] >= pad[:, None]                     # [B, C]
     return (causal[None] & (real[:, None, :] | (keys[None, :] == queries)[None]))[:, None]  # [B, 1, Q, C]
+
+
+def ragged_positions(pad: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Positions [B, 1] of one query token per sequence at its own cache slot `columns` [B] (sequences of
+    different lengths decoding together; `pad` [B] leading pad slots each): slot minus padding."""
+    return (columns - pad)[:, None]
+
+
+def ragged_decode_mask(pad: torch.Tensor, columns: torch.Tensor, context: int, arange: torch.Tensor) -> torch.Tensor:
+    """The attention mask [B, 1, 1, C] (True: attend; C = `context`, the largest column + 1) of one query token
+    per sequence at slot `columns[b]`: it sees its sequence's slots pad[b] .. columns[b], nothing of the longer
+    rows' tail."""
+    keys = arange[:context]                                                    # [C]
+    return ((keys[None, :] >= pad[:, None]) & (keys[None, :] <= columns[:, None]))[:, None, None, :]
 
 
 class ResidualLinear(nn.Module):

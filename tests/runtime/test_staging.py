@@ -54,7 +54,7 @@ def test_a_kv_window_receives_the_past_tokens_of_the_batch_only():
     assert not window[0, :, 3:].any() and not window[1].any()  # nor the future, nor the sequence beyond the batch
     assert streamer.backend.transfers.streamed_bytes == 1 * 1 * 3 * 2 * 4
     new = torch.full((1, 1, 1, 2), -1.0)
-    assert torch.equal(KVCache.write_window(window, new, 3)[0, :, 3], new[0, :, 0])  # this step's token at the end
+    assert torch.equal(streamer.kv.write_window(window, new, 3)[0, :, 3], new[0, :, 0])  # this step's token at the end
 
 
 @pytest.mark.parametrize("buffers", [1, 2, 3])
