@@ -24,7 +24,8 @@ EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130
 
 # Optional packages → the extra of pyproject.toml that installs each (tests/test_cli.py keeps the two in step).
-EXTRAS = {"matplotlib": "docs", "highspy": "highs", "intel_extension_for_pytorch": "ipex", "accelerate": "bench"}
+EXTRAS = {"matplotlib": "docs", "highspy": "highs", "intel_extension_for_pytorch": "ipex", "accelerate": "bench",
+          "fastapi": "serve", "uvicorn": "serve", "pydantic": "serve", "prometheus_client": "serve"}
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 60

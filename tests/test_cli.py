@@ -17,6 +17,7 @@ import liac
 from liac.cli import build_parser, main, version_text
 from liac.errors import EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_NEGATIVE, EXIT_USER_ERROR, EXTRAS
 from liac.runtime.cli import main as lia_run
+from liac.runtime.serve.cli import build_parser as build_serve_parser
 
 ROOT = Path(__file__).parents[1]
 CLI_MD = (ROOT / "docs" / "cli.md").read_text()
@@ -97,6 +98,11 @@ def test_cli_md_documents_every_command_and_flag():
     missing += [f"liac {o}" for a in parser._actions for o in a.option_strings if f"`{o}`" not in top]
     assert missing == []
     assert "lia-run" in sections and "lia-run --help" in sections["lia-run"]
+    serve = sections["lia-serve"]
+    for action in build_serve_parser()._actions:
+        if not isinstance(action, argparse._HelpAction):
+            words = action.option_strings or [action.dest.upper()]
+            assert any(f"`{word}" in serve for word in words), words
 
 
 def test_cli_md_lists_the_exit_codes():
