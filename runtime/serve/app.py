@@ -15,7 +15,9 @@ Requests follow the OpenAI API: `max_tokens` (chat: also `max_completion_tokens`
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 a bad request (the field named:
 pydantic's validation or the plan's limits: a prompt longer than spec.workload.prompt_len, a max_tokens past the
 context), 404 another model, 429 the queue is full (with Retry-After), 503 shutting down, 500 the engine failed.
-A client that disconnects cancels its request: its batch row is free at the next iteration.
+A client that disconnects cancels its request: its batch row is free at the next iteration. A server without a
+tokenizer (`--random-weights`, benchmarks) takes token-id prompts and answers each completion choice, and each
+streamed chunk, with its `token_ids` besides the (empty) text.
 """
 
 from __future__ import annotations
@@ -303,6 +305,8 @@ class Served:
             else:
                 choices.append({"index": index, "text": result.text, "logprobs": None,
                                 "finish_reason": result.finish_reason})
+                if not self.engine.engine.text.available():
+                    choices[-1]["token_ids"] = list(result.token_ids)
         return {"id": ident, "object": kind, "created": created, "model": self.model_name, "choices": choices,
                 "usage": _usage(results)}
 
@@ -315,9 +319,12 @@ class Served:
                    **extra}
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
-        def choice(index: int, text: str | None, reason: str | None, role: bool = False) -> dict:
+        ids = not self.engine.engine.text.available()  # no tokenizer: each chunk carries its token ids
+
+        def choice(index: int, text: str | None, reason: str | None, role: bool = False, tokens=()) -> dict:
             if not chat:
-                return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+                doc = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+                return {**doc, "token_ids": list(tokens)} if ids else doc
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
 
@@ -330,9 +337,10 @@ class Served:
                     finals[index] = chunk
                     if chunk.text and chat:
                         yield event([choice(index, chunk.text, None)])
-                    yield event([choice(index, None if chat else chunk.text, chunk.finish_reason)])
-                elif chunk.text:
-                    yield event([choice(index, chunk.text, None)])
+                    yield event([choice(index, None if chat else chunk.text, chunk.finish_reason,
+                                        tokens=chunk.token_ids)])
+                elif chunk.text or (ids and chunk.token_ids):
+                    yield event([choice(index, chunk.text, None, tokens=chunk.token_ids)])
             if include_usage:
                 yield event([], usage=_usage([f for f in finals if f is not None]))
             yield "data: [DONE]\n\n"

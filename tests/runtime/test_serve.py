@@ -251,6 +251,22 @@ def test_a_client_that_leaves_frees_its_row(served):
     assert health["live"] == 0 and health["waiting"] == 0 and health["in_flight"] == 0
 
 
+def test_a_bounded_load_test_ends_by_itself_with_every_request_answered(served, tmp_path):
+    """bench/serve_load.py on loopback: four streaming clients for a few seconds, then it drains and stops; every
+    request completes (none cut, no errors), and its summary has the latencies it reports."""
+    _, base, name, *_ = served
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from serve_load import main as load
+
+    out = tmp_path / "load.json"
+    status = load(["--url", base, "--model", name, "--clients", "4", "--seconds", "2", "--drain", "300",
+                   "--prompt-len", "2:12", "--max-tokens", "4:16", "--json", str(out)])
+    summary = json.loads(out.read_text())["summary"]
+    assert status == 0 and summary["errors"] == {} and summary["completed"] == summary["requests"] >= 4
+    assert summary["output_tokens"] > 0 and summary["ttft_seconds"]["p99"] >= summary["ttft_seconds"]["p50"] > 0
+    assert summary["itl_seconds"]["p50"] > 0
+
+
 def test_ctrl_c_finishes_the_streams_in_flight_and_exits_130(served, hf):
     """Last of the module: SIGINT with a stream in flight; it still ends (its whole greedy text), new requests
     are refused, the server exits 130 with one line."""
