@@ -6,10 +6,11 @@ checked against the source tree (every module and data file of liac/, passes/ an
 path). The fresh virtualenv sees the packages of the environment running the tests (torch and the other
 dependencies, through a .pth file; never this checkout's own liac), so installing resolves the wheel's
 dependencies without downloading anything. From outside the repository it then runs `liac --version`,
-`python -m liac --version`, `liac compile` for this host (default profile) on a model named by a Hugging Face repo
-id from a fabricated cache, `liac docs --plan-format` (templates and schema from the wheel), `lia-run` on random
-weights, and text: `python -m liac.tiny` (the quickstart's checkpoint), `liac.quick.generate` (a plan compiled into the
-user's cache) and `lia-run --prompt --json` on that plan.
+`python -m liac --version`, `lia-run --version`, `lia-serve --version` (its entry point), `liac compile` for this
+host (default profile) on a model named by a Hugging Face repo id from a fabricated cache, `liac docs
+--plan-format` (templates and schema from the wheel), `lia-run` on random weights, and text: `python -m liac.tiny`
+(the quickstart's checkpoint), `liac.quick.generate` (a plan compiled into the user's cache) and `lia-run --prompt
+--json` on that plan.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def test_installed_wheel_compiles_and_runs(wheel, tmp_path):
     assert _run([str(bin_ / "liac"), "--version"], cwd=work, env=env).stdout.startswith("liac 0.1.0 (torch ")
     assert _run([str(python), "-m", "liac", "--version"], cwd=work, env=env).stdout.startswith("liac 0.1.0")
     assert _run([str(bin_ / "lia-run"), "--version"], cwd=work, env=env).stdout.startswith("lia-run 0.1.0")
+    assert _run([str(bin_ / "lia-serve"), "--version"], cwd=work, env=env).stdout.startswith("lia-serve 0.1.0")
 
     # this host's profile, as `liac profile` would leave it on a CPU-only machine (no probe: the test is about
     # the install, tests/test_host.py measures)
