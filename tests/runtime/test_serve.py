@@ -38,7 +38,8 @@ QUESTION = "What does the plan say?"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(client, base url, model name, checkpoint, server process): a lia-serve process on a free port, 4 rows."""
+    """(client, base url, model name, checkpoint, server process, its stderr lines, plan): a lia-serve process on a
+    free port, 4 rows."""
     root = tmp_path_factory.mktemp("serve")
     checkpoint = make_tiny_checkpoint(root / "tiny-llama", steps=40)
     cfg = from_hf_config(json.loads((checkpoint / "config.json").read_text()), name="tiny-llama")
@@ -62,7 +63,7 @@ def served(tmp_path_factory):
     drain.start()
     base = f"http://127.0.0.1:{port}/v1"
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
-    yield client, base, "tiny-llama", checkpoint, process, lines
+    yield client, base, "tiny-llama", checkpoint, process, lines, root / "serve.yaml"
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
@@ -270,7 +271,7 @@ def test_a_bounded_load_test_ends_by_itself_with_every_request_answered(served, 
 def test_ctrl_c_finishes_the_streams_in_flight_and_exits_130(served, hf):
     """Last of the module: SIGINT with a stream in flight; it still ends (its whole greedy text), new requests
     are refused, the server exits 130 with one line."""
-    client, base, name, _, process, lines = served
+    client, base, name, _, process, lines, _ = served
     stream = client.completions.create(model=name, prompt=PROMPTS[6], max_tokens=28, temperature=0, stream=True)
     chunks = iter(stream)
     first = next(chunks)
@@ -283,6 +284,41 @@ def test_ctrl_c_finishes_the_streams_in_flight_and_exits_130(served, hf):
     assert "lia-serve: interrupted" in "".join(lines)
     with pytest.raises(openai.APIConnectionError):
         client.models.list()
+
+
+def test_past_the_queue_limit_a_request_gets_429_with_retry_after(served):
+    """In process, over the same plan: while the batcher cannot step (its lock held), one request waits and fills
+    the queue (max_waiting 1); the next one, through the HTTP app, gets 429 and Retry-After; the first still
+    completes once the batcher runs."""
+    import asyncio
+
+    try:
+        import httpx
+    except ImportError:  # newer openai releases bring their fork of it
+        import httpx2 as httpx
+    from liac.runtime import Engine
+    from liac.runtime.serve.app import create_app
+    from liac.runtime.serve.engine import AsyncEngine, GenerateRequest
+
+    async def main():
+        engine = AsyncEngine(Engine.from_plan(served[6], served[3], emulate_gpu=True, dtype=torch.float32),
+                             max_waiting=1)
+        app = create_app(engine, "tiny-llama")
+        body = {"model": "tiny-llama", "prompt": "The GPU", "max_tokens": 4}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://liac") as client:
+            with engine._wake:  # the batcher's thread waits for this lock before it steps
+                first = engine.open(GenerateRequest((1, 50, 60), 3))
+                refused = await client.post("/v1/completions", json=body)
+                health = (await client.get("/health")).json()
+            done = await first.collect()
+            again = await client.post("/v1/completions", json=body)
+        await engine.shutdown(5)
+        return refused, health, done, again
+
+    refused, health, done, again = asyncio.run(main())
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "queue_full" and health["waiting"] == 1
+    assert done.finish_reason in ("stop", "length") and again.status_code == 200
 
 
 def test_missing_extra_and_busy_port_are_one_line(monkeypatch, capsys, tmp_path):
