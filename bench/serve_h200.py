@@ -9,8 +9,10 @@
     python bench/serve_h200.py --out /tmp/serve --emulate
 
 Steps (each writes under --out as soon as it has it, so a run cut short keeps what finished):
-  1. compile  `liac compile --serve` for --model on the shipped --hw profile with --gpu-mem, batches 1..--max-batch
-              → serve.yaml, compile.txt (the per-batch table: each size beside its own unconstrained optimum)
+  1. plan     the committed serving plan bench/serve/opt-30b.h200-amx16.serve.yaml (compiled with
+              `liac compile --model opt-30b --hw h200-amx16 --gpu-mem 24GiB --serve --batch 1,2,4,8,16,32
+              --prompt-len 256 --gen-len 64`: no solver time on the device) → serve.yaml; with --compile, that
+              command for --model, --hw, --gpu-mem, batches 1..--max-batch → serve.yaml, compile.txt
   2. serve    `lia-serve serve.yaml --random-weights 0 --port 0` in a child process → server.txt (its stderr)
   3. load     bench/serve_load.py phases (`--phases`, e.g. 'clients:1,clients:8,clients:32,rate:0.5'), each
               sending for --seconds and draining for --drain at most, skipped once the --budget would be passed
@@ -69,7 +71,7 @@ class Run:
     def compile(self) -> Path:
         a = self.args
         plan = self.out / "serve.yaml"
-        if a.plan:
+        if not a.compile:
             plan.write_text(Path(a.plan).read_text())
             return plan
         began = time.monotonic()
@@ -180,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "serve-out"), help="output folder (default $OUT)")
     parser.add_argument("--emulate", action="store_true",
                         help="smoke test here: a tiny model, the GPU emulated on the CPU, short phases")
-    parser.add_argument("--plan", help="a serving plan already compiled (skips the compile step)")
+    parser.add_argument("--plan", default=str(HERE / "serve" / "opt-30b.h200-amx16.serve.yaml"),
+                        help="the serving plan to run (default: the committed OPT-30B, 24 GiB one)")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the serving plan here instead (--model, --hw, --gpu-mem, --max-batch, ...)")
     parser.add_argument("--model", default="opt-30b")
     parser.add_argument("--hw", default="h200-amx16")
     parser.add_argument("--gpu-mem", default="24GiB")
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the whole run may take; phases that would pass it are skipped")
     args = parser.parse_args(argv)
     if args.emulate:
-        args.model, args.hw, args.gpu_mem, args.max_batch = "opt-125m", "spr-h100", None, 4
+        args.compile, args.model, args.hw, args.gpu_mem, args.max_batch = True, "opt-125m", "spr-h100", None, 4
         args.prompt_len, args.gen_len, args.prompt_lens, args.max_tokens = 32, 16, "4:32", "2:16"
         args.seconds, args.drain, args.phases = min(args.seconds, 6.0), min(args.drain, 30.0), "clients:1,clients:4,rate:2"
     return Run(args).main()
