@@ -44,12 +44,13 @@ def test_a_stream_unit_holds_each_parameter_once_aligned_then_its_kv_windows():
     bias = ParamInfo("proj.bias", "layers.7.fc1.proj.bias", (3,))
     streamed = [_Streamed(weight, "ddr", ((0, 3),)), _Streamed(bias, "cxl", ((0, 3),)),
                 _Streamed(weight, "ddr", ((0, 3),))]  # a parameter two ops read is staged once
-    unit = _stream_unit(4, 2, ("decoder", 7), streamed, ["k", "v"], kv_window_bytes=100, itemsize=2)
+    unit = _stream_unit(4, 2, ("decoder", 7), streamed, ["k", "v"], kv_shape=(1, 2, 5, 5), itemsize=2)  # 100 B
     assert (unit.index, unit.slot, unit.layer_class, unit.layer) == (4, 0, "decoder", 7)  # slot = index mod 2
     assert [(p.param.canonical, p.tier, p.offset) for p in unit.weights] == [(weight.canonical, "ddr", 0),
                                                                            (bias.canonical, "cxl", 256)]
     assert unit.kv == (("k", 512), ("v", 768))
     assert unit.nbytes == 15 * 2 + 3 * 2 + 2 * 100 and unit.padded_bytes == 1024
+    assert unit.kv_shape == (1, 2, 5, 5)  # its windows' [B, G, C, E]: B this plan's batch
 
 
 def test_wait_and_release_bracket_the_buffers_readers_only():
