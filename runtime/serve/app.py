@@ -38,6 +38,7 @@ from liac.errors import LiacError
 from liac.runtime.sampling import SamplingParams
 from liac.runtime.serve.engine import (AsyncEngine, Chunk, EngineFailed, GenerateRequest, QueueFull, RequestStream,
                                        ShuttingDown)
+from liac.runtime.serve.metrics import CONTENT_TYPE
 
 __all__ = ["create_app", "CompletionRequest", "ChatRequest", "APIError"]
 
@@ -156,7 +157,6 @@ def create_app(engine: AsyncEngine, model_name: str, metrics=None, close_engine:
     async def prometheus():
         if metrics is None:
             raise APIError(404, "metrics are off on this server")
-        from liac.runtime.serve.metrics import CONTENT_TYPE
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")

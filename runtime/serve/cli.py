@@ -111,6 +111,7 @@ def serve(args, ready=None) -> int:
     require("fastapi", "server")
     require("uvicorn", "server")
     require("prometheus_client", "server")
+    # late import: the optional extra 'serve' (checked above, one line when missing) and the engine's torch
     import uvicorn
 
     from liac.hub import resolve_checkpoint
@@ -162,7 +163,7 @@ class _Server:
     close and uvicorn's own wait ends)."""
 
     def __new__(cls, config, engine, ready):
-        import uvicorn
+        import uvicorn  # late import: the optional extra 'serve'
 
         class Server(uvicorn.Server):
             signals: list[int] = []
