@@ -179,7 +179,7 @@ def serving_table(plan) -> str:
         rows.append((str(row.batch_size), f"{row.share:.2f}", policy_string(live, "prefill"),
                      policy_string(live, "decode"), f"{row.prefill_seconds:.3g}",
                      f"{row.decode_seconds_per_token:.3g}", f"{row.step_seconds:.3g}", f"{row.own_step_seconds:.3g}",
-                     f"+{100 * cost:.1f}%"))
+                     f"{round(100 * cost, 1) + 0.0:+.1f}%"))  # + 0.0: a rounding noise of -0.0 reads +0.0
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     solver = plan.status.solver
     lines = [f"{plan.metadata.name}: one memory placement for batch sizes "
@@ -190,6 +190,6 @@ def serving_table(plan) -> str:
              f"{solver.gap:g})",
              "policy letters per decoder unit: C = CPU, G = GPU, S = split; 'alone': the step time of a plan for "
              "that batch size alone; 'sharing': what one memory placement for all costs it"]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
     return "\n".join(lines) + "\n"
