@@ -47,7 +47,7 @@ from liac.runtime.engine import Engine
 from liac.runtime.sampling import Sampler, SamplingParams, generator_for
 from liac.runtime.sequences import PromptBatch
 
-__all__ = ["Request", "Handle", "TokenEvent", "StepReport", "QueueFull", "ContinuousBatcher"]
+__all__ = ["Request", "Handle", "TokenEvent", "StepReport", "QueueFull", "ContinuousBatcher", "check_servable"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,15 @@ class _Live:
     finish: str | None = None
 
 
+def check_servable(plan, source: str = "plan") -> None:
+    """Continuous batching serves dense models: a mixture of experts' plan (experts placed by count, grouped by
+    expert per pass) is refused in one LiacError line naming the plan's file; lia-run runs it."""
+    cfg = plan.model_config
+    if cfg.is_moe:
+        raise LiacError(source, f"model '{cfg.name}' is a mixture of experts ({cfg.num_experts} experts): lia-serve "
+                                "and continuous batching serve dense models only; run this plan with lia-run")
+
+
 class ContinuousBatcher:
     """Iteration-level scheduling over one Engine (see the module docstring).
 
@@ -133,6 +142,7 @@ class ContinuousBatcher:
     """
 
     def __init__(self, engine: Engine, max_waiting: int = 64, max_prefill_tokens: int | None = None):
+        check_servable(engine.plan)
         work = engine.plan.spec.workload
         self.engine = engine
         self.rows = work.batch_size

@@ -115,6 +115,7 @@ def serve(args, ready=None) -> int:
     import uvicorn
 
     from liac.hub import resolve_checkpoint
+    from liac.runtime.batching import check_servable
     from liac.runtime.engine import DTYPES, Engine, RandomWeights, resolve_plan
     from liac.runtime.serve.app import create_app
     from liac.runtime.serve.engine import AsyncEngine
@@ -122,6 +123,7 @@ def serve(args, ready=None) -> int:
 
     _check_port(args.host, args.port)
     plan, _ = resolve_plan(args.plan)
+    check_servable(plan, args.plan)  # before any weights load
     if args.weights is not None:
         weights = str(resolve_checkpoint(args.weights))
         name = args.model_name or Path(weights).name

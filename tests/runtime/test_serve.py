@@ -25,6 +25,7 @@ import torch
 openai = pytest.importorskip("openai")  # a test dependency (pyproject's 'test' extra): present in CI
 
 from liac.api import compile_serving  # noqa: E402
+from liac.errors import LiacError  # noqa: E402
 from liac.models.config import from_hf_config  # noqa: E402
 from liac.plan import plan_to_yaml  # noqa: E402
 from liac.runtime.serve.cli import main as lia_serve  # noqa: E402
@@ -334,3 +335,23 @@ def test_missing_extra_and_busy_port_are_one_line(monkeypatch, capsys, tmp_path)
         assert lia_serve([str(Path("plan.yaml")), "--weights", "x", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--port: 127.0.0.1:{port} is in use" in err
+
+
+def test_a_mixture_of_experts_plan_is_refused_in_one_line(capsys, tmp_path):
+    """lia-serve serves dense models: a Mixtral plan (the checked-in one) is refused before any weights load, and
+    the batcher refuses one too."""
+    import shutil
+
+    from liac.plan import load_plan
+    from liac.runtime.batching import check_servable
+
+    source = Path(__file__).resolve().parents[2] / "plans" / "mixtral-8x7b.spr-h100" / \
+        "mixtral-8x7b.spr-h100.b1-p128-g32.yaml"
+    plan_file = tmp_path / "moe.yaml"
+    shutil.copy(source, plan_file)
+    assert lia_serve([str(plan_file), "--random-weights", "0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lia-serve: {plan_file}: model 'mixtral-8x7b' is a mixture of experts (8 experts): lia-serve and "
+                   "continuous batching serve dense models only; run this plan with lia-run\n")
+    with pytest.raises(LiacError, match="plan: model 'mixtral-8x7b' is a mixture of experts"):
+        check_servable(load_plan(plan_file))
