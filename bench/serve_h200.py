@@ -19,6 +19,10 @@ Steps (each writes under --out as soon as it has it, so a run cut short keeps wh
               → load-<phase>.json (summary + every request) and load.txt (one line per phase)
   4. metrics  the server's /metrics after the load → metrics.txt; then SIGTERM, and the exit status in summary
 `summary.json` lists every phase's summary (p50/p99 TTFT, ITL, end-to-end; tokens/s; errors) and the timings.
+Each phase's ITL is also split by whether a newcomer's prefill ran in the gap (`itl_beside_prefill_seconds`,
+`itl_without_prefill_seconds`: bench/serve_load.py's `split_by_prefill`): the closed-loop clients send a new
+request whenever one ends and the Poisson arrivals come at random, so every phase has gaps of both kinds; the
+last lines printed give, per phase, ITL p50 without / beside a newcomer's prefill.
 """
 
 from __future__ import annotations

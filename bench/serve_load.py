@@ -14,6 +14,14 @@ server without a tokenizer: `lia-serve --random-weights`); lengths and max_token
 first chunk with text or token ids, inter-token latency (ITL) the gaps between later ones divided by the tokens
 they carry, output tokens the server's usage count.
 
+**A newcomer's prefill and the running streams.** lia-serve prefills a newcomer between two decode steps of the
+running streams and delivers that iteration's tokens together: the newcomer's first token and one token of every
+running stream. So a running stream's inter-token gap that ends within `--burst` seconds (default 0.05; the
+iterations are far longer) of another request's first token spanned a newcomer's prefill; a gap that ends with
+no first token near it did not. The summary splits ITL into `itl_beside_prefill_seconds` and
+`itl_without_prefill_seconds` (p50, p99, mean and count each; `split_by_prefill`); gaps of at most `--burst`
+(a newcomer's second token, decoded in the iteration that prefilled it) are in neither.
+
 Prints a summary (p50/p99 TTFT, ITL and end-to-end seconds, output tokens/s, requests/s, errors by kind) and, with
 `--json`, writes it and every request's record. Needs httpx (a dependency of the openai client and of the device's
 image). Exit status 0 when every request completed, 1 when some got an error.
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import random
 import statistics
@@ -46,6 +55,7 @@ class Record:
     seconds: float | None = None
     output_tokens: int = 0
     gaps: list[float] = field(default_factory=list)  # inter-token latencies
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (seconds from the start, tokens) per chunk
     finish_reason: str | None = None
     message: str = ""
 
@@ -63,6 +73,25 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def split_by_prefill(records: list[Record], burst: float) -> tuple[list[float], list[float]]:
+    """(ITLs beside a newcomer's prefill, ITLs without one) of the completed requests' streams (the module
+    docstring): a gap longer than `burst` whose end is within `burst` of another request's first token, or not."""
+    firsts = sorted((r.chunks[0][0], index) for index, r in enumerate(records) if r.chunks)
+    times = [t for t, _ in firsts]
+    beside, without = [], []
+    for index, record in enumerate(records):
+        if record.status != "ok":
+            continue
+        for (before, _), (at, tokens) in zip(record.chunks, record.chunks[1:]):
+            if at - before <= burst:
+                continue  # decoded in the same iteration as the previous token (a newcomer's second token)
+            low = bisect.bisect_left(times, at - burst)
+            high = bisect.bisect_right(times, at + burst)
+            near = any(firsts[k][1] != index for k in range(low, high))
+            (beside if near else without).extend([(at - before) / tokens] * tokens)
+    return beside, without
 
 
 class Load:
@@ -109,6 +138,7 @@ class Load:
                         tokens = len(choice.get("token_ids") or ()) or (1 if choice.get("text") else 0)
                         now = time.perf_counter()
                         if tokens:
+                            record.chunks.append((now - self.start, tokens))
                             if last is None:
                                 record.ttft = now - sent
                             else:
@@ -171,7 +201,9 @@ class Load:
 
         def stats(values):
             return {"p50": percentile(values, 50), "p99": percentile(values, 99),
-                    "mean": statistics.fmean(values) if values else None}
+                    "mean": statistics.fmean(values) if values else None, "count": len(values)}
+
+        beside, without = split_by_prefill(self.records, self.args.burst)
 
         a = self.args
         return {"mode": f"rate {a.rate}/s" if a.rate else f"{a.clients} clients", "seconds": a.seconds,
@@ -179,11 +211,15 @@ class Load:
                 "errors": errors, "output_tokens": tokens, "output_tokens_per_second": tokens / wall if wall else 0,
                 "requests_per_second": len(ok) / wall if wall else 0,
                 "ttft_seconds": stats([r.ttft for r in ok if r.ttft is not None]), "itl_seconds": stats(gaps),
+                "itl_beside_prefill_seconds": stats(beside), "itl_without_prefill_seconds": stats(without),
                 "e2e_seconds": stats([r.seconds for r in ok]),
                 "prompt_len": list(a.prompt_len), "max_tokens": list(a.max_tokens)}
 
 
 def summary_line(s: dict) -> str:
+    without = s.get("itl_without_prefill_seconds") or {"p50": None, "count": 0}
+    beside = s.get("itl_beside_prefill_seconds") or {"p50": None, "count": 0}
+
     def ms(block, key):
         value = block[key]
         return "-" if value is None else f"{value * 1000:.0f}"
@@ -191,7 +227,9 @@ def summary_line(s: dict) -> str:
             f"{s['output_tokens_per_second']:.1f} tok/s, {s['requests_per_second']:.2f} req/s; "
             f"TTFT p50/p99 {ms(s['ttft_seconds'], 'p50')}/{ms(s['ttft_seconds'], 'p99')} ms, "
             f"ITL p50/p99 {ms(s['itl_seconds'], 'p50')}/{ms(s['itl_seconds'], 'p99')} ms, "
-            f"e2e p50/p99 {ms(s['e2e_seconds'], 'p50')}/{ms(s['e2e_seconds'], 'p99')} ms")
+            f"e2e p50/p99 {ms(s['e2e_seconds'], 'p50')}/{ms(s['e2e_seconds'], 'p99')} ms; "
+            f"ITL p50 without/beside a newcomer's prefill {ms(without, 'p50')}/{ms(beside, 'p50')} ms "
+            f"({without['count']}/{beside['count']} gaps)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-ids", type=int, metavar="VOCAB", help="random token-id prompts below VOCAB")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the lengths, prompts and arrivals")
+    parser.add_argument("--burst", type=float, default=0.05,
+                        help="seconds within which tokens of one iteration arrive (splits ITL by whether a newcomer's "
+                             "prefill ran in the gap; default 0.05)")
     parser.add_argument("--json", metavar="FILE", help="write the summary and every request's record")
     return parser
 

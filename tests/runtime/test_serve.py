@@ -262,11 +262,28 @@ def test_a_bounded_load_test_ends_by_itself_with_every_request_answered(served, 
 
     out = tmp_path / "load.json"
     status = load(["--url", base, "--model", name, "--clients", "4", "--seconds", "2", "--drain", "300",
-                   "--prompt-len", "2:12", "--max-tokens", "4:16", "--json", str(out)])
+                   "--prompt-len", "2:12", "--max-tokens", "4:16", "--json", str(out),
+                   "--burst", "0.002"])  # the tiny model's steps take milliseconds
     summary = json.loads(out.read_text())["summary"]
     assert status == 0 and summary["errors"] == {} and summary["completed"] == summary["requests"] >= 4
     assert summary["output_tokens"] > 0 and summary["ttft_seconds"]["p99"] >= summary["ttft_seconds"]["p50"] > 0
     assert summary["itl_seconds"]["p50"] > 0
+    split = summary["itl_without_prefill_seconds"]["count"] + summary["itl_beside_prefill_seconds"]["count"]
+    assert 0 < split <= summary["itl_seconds"]["count"]
+
+
+def test_the_load_test_splits_inter_token_gaps_by_a_newcomers_prefill():
+    """Two streams, times by hand: A's gaps ending when B's (then C's) first token arrives spanned a prefill; its
+    other gaps did not; B's second token, in the iteration that prefilled B, is in neither."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from serve_load import Record, split_by_prefill
+
+    a = Record(0.0, 8, 5, chunks=[(1.0, 1), (1.5, 1), (2.3, 1), (2.8, 1), (3.9, 1)])
+    b = Record(1.6, 8, 3, chunks=[(2.31, 1), (2.32, 1), (2.8, 1)])
+    c = Record(3.0, 8, 1, status="cut", chunks=[(3.88, 1)])  # a newcomer whose stream was cut still prefilled
+    beside, without = split_by_prefill([a, b, c], burst=0.05)
+    assert beside == pytest.approx([0.8, 1.1])           # A: 1.5 → 2.3 (B's prefill), 2.8 → 3.9 (C's)
+    assert without == pytest.approx([0.5, 0.5, 0.48])    # A: 1.0 → 1.5, 2.3 → 2.8; B: 2.32 → 2.8
 
 
 def test_ctrl_c_finishes_the_streams_in_flight_and_exits_130(served, hf):
