@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from liac.passes.ilp import SolverOptions, solve_placement
 from liac.passes.ilp_serve import batch_shares, solve_serving
 from liac.plan import TIERS
 from liac.profile import resolve_profile
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve_graphs(seed: int, batches: tuple[int, ...], layers: int, ops: tuple[str, ...], split=()):
@@ -299,3 +302,53 @@ def test_a_batch_size_of_weight_zero_gets_the_fastest_placement_within_the_share
                 if (c.weights, c.kv_cache) == (config.weights, config.kv_cache) and c.staging_bytes <= staging
                 and (serve.memory.workspace_bytes >= cls.workspace_bytes or not c.uses_gpu)]
         assert config.seconds == pytest.approx(min(c.seconds for c in same), rel=1e-12)
+
+
+def test_moe_serving_refused(tmp_path, capsys):
+    """A mixture of experts has no serving plan (its experts are placed by count per point only): the library call,
+    the solver, `liac compile --serve` (exit 2, one line, nothing created) and a plan carrying serving batches
+    each refuse it."""
+    from liac.api import compile_serving
+    from liac.cli import main
+    from liac.models import resolve_model
+    from liac.plan import Serving, ServingBatch, check_semantics, load_plan
+
+    cfg = resolve_model("mixtral-8x7b")
+    with pytest.raises(LiacError, match=r"--serve: model 'mixtral-8x7b' is a mixture of experts \(8 experts\)"):
+        compile_serving(cfg, "spr-h100", batches=(1, 8))
+    out = tmp_path / "serve"
+    assert main(["compile", "--model", "mixtral-8x7b", "--hw", "spr-h100", "--serve", "--batch", "1,8",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--serve: model 'mixtral-8x7b' is a mixture of experts" in err[0], err
+    assert not out.exists()
+    plan = load_plan(ROOT / "plans" / "mixtral-8x7b.spr-h100" / "mixtral-8x7b.spr-h100.b16-p128-g32.yaml")
+    served = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, serving=Serving((
+        ServingBatch(16, 1, ()),))))
+    assert check_semantics(served) == [("spec.serving.batches", "must be empty: the model is a mixture of experts "
+                                                                "(8 experts), which serving plans do not place")]
+    tiny = cfg.with_layers(1, name="tiny-mixtral")
+    graphs = tuple(annotate_costs(_traced_tiny_moe(tiny), resolve_profile("spr-h100"), Workload(b, 8, 4),
+                                  TierBudgets(hbm_bytes=1 << 40, ddr_bytes=1 << 40, cxl_bytes=0)) for b in (1, 2))
+    with pytest.raises(LiacError, match="--serve: a mixture-of-experts model has no serving plan"):
+        solve_serving(graphs, (1, 1))
+
+
+def _traced_tiny_moe(cfg):
+    from liac.passes.trace import trace_model
+
+    return trace_model(cfg)
+
+
+def test_the_committed_benchmark_serving_plan_is_valid(capsys):
+    """bench/serve/opt-30b.h200-amx16.serve.yaml (what bench/serve_h200.py serves on the H200) loads as the current
+    plan version and passes `liac validate`; its batch sizes are the ones docs/serving.md gives."""
+    from liac.cli import main
+    from liac.plan import API_VERSION, load_plan
+
+    path = ROOT / "bench" / "serve" / "opt-30b.h200-amx16.serve.yaml"
+    assert path.read_text().startswith(f"apiVersion: {API_VERSION}\n")
+    plan = load_plan(path)
+    assert [b.batch_size for b in plan.spec.serving.batches] == [1, 2, 4, 8, 16, 32]
+    assert (plan.spec.workload.prompt_len, plan.spec.workload.gen_len) == (256, 64)
+    assert main(["validate", str(path)]) == 0, capsys.readouterr()
