@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from hand_graphs import hand_graph
 from liac.errors import InfeasibleError, LiacError
 from liac.models import ZOO
 from liac.models.config import ModelConfig
+from liac.passes import costs as costs_module
 from liac.passes.costs import (ClassCosts, CostGraph, EdgeCosts, Microbatch, PhaseCosts, TierBudgets, UnitCosts,
                                Workload, annotate_costs)
 from liac.passes.ilp import POLICIES, SolverOptions, phase_placements, solve_placement
@@ -525,14 +527,16 @@ TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=256, num_layers=2,
 
 
 def tiny_costs(layers, profile, batch, hbm_fraction, cxl=False, prompt=16, gen=3, split=(500,)):
-    # without the CUDA context and library workspaces, which would dwarf the tiny model's HBM budget
+    # without the CUDA context, library workspaces and allocator segments (Eq. 14's constant terms), which would
+    # dwarf the tiny model's HBM budget
     hw = dataclasses.replace(resolve_profile(profile), gpu_context_mib=0.0, gpu_library_workspace_mib=0.0)
     graph = hand_graph(TINY, layers=layers)
     weights = sum(s.weight_bytes for s in graph.sublayers()) * 1.0
     # budgets in proportion to the model, so that HBM binds
     budgets = TierBudgets(hbm_bytes=int(hbm_fraction * weights), ddr_bytes=10 * int(weights) + 2**30,
                           cxl_bytes=int(weights) if cxl else 0)
-    return annotate_costs(graph, hw, Workload(batch, prompt, gen), budgets, split_permille=split)
+    with mock.patch.object(costs_module, "ALLOCATOR_SEGMENTS_BYTES", 0):
+        return annotate_costs(graph, hw, Workload(batch, prompt, gen), budgets, split_permille=split)
 
 
 @pytest.mark.parametrize("profile, batch, hbm_fraction, split", [
