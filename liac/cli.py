@@ -18,7 +18,8 @@ from importlib import metadata
 import liac
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 
-__all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser", "report_os_error", "interrupted"]
+__all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser", "report_os_error", "interrupted",
+           "checked_type"]
 
 COMMANDS = ("inspect", "compile", "validate", "explain", "diff", "docs", "profile", "calibrate", "demo")
 
@@ -29,6 +30,19 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401 - argparse API
         sys.stderr.write(f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
         sys.exit(EXIT_USER_ERROR)
+
+
+def checked_type(convert, ok, rule: str):
+    """An argparse type: `convert`, then `ok`, else the one-line error 'must be <rule>, got '<text>''."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got '{text}'")
+        return value
+    return parse
 
 
 def one_line(text: str, limit: int = 1000) -> str:

@@ -19,7 +19,6 @@ are read through liac.fileio (regular files only, bounded). docs/cli.md lists ev
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 
 # torch-free imports only: torch loads inside run(), within main()'s try, so the flags answer at once and Ctrl-C
 # while it loads is one line (tests/runtime/test_lia_run.py checks both)
-from liac.cli import OneLineParser, interrupted, report_os_error, version_text
+from liac.cli import OneLineParser, checked_type, interrupted, report_os_error, version_text
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 from liac.fileio import MAX_JSON_BYTES, check_writable, load_json, read_text
 from liac.hub import resolve_checkpoint
@@ -42,25 +41,12 @@ from liac.runtime.text import decode, encode_prompts, load_tokenizer, pad_token_
 __all__ = ["main", "build_parser", "read_prompt_ids", "read_prompt_file", "EXIT_INTERRUPTED"]
 
 
-def _checked(convert, ok, rule: str):
-    """An argparse type: `convert`, then `ok`, else the one-line error 'must be <rule>, got '<text>''."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got '{text}'")
-        return value
-    return parse
-
-
-_positive = _checked(int, lambda v: 1 <= v < 2**31, "a positive integer")
-_count = _checked(int, lambda v: 0 <= v < 2**63, "an integer at least 0")  # below 2⁶³: a seed torch takes
+_positive = checked_type(int, lambda v: 1 <= v < 2**31, "a positive integer")
+_count = checked_type(int, lambda v: 0 <= v < 2**63, "an integer at least 0")  # below 2⁶³: a seed torch takes
 
 MAX_PROMPT_FILE_BYTES = 64 * 2**20  # --prompt-file: far beyond any context window, well below memory
-_non_negative = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a number at least 0")
-_fraction = _checked(float, lambda v: 0 < v <= 1, "a number greater than 0 and at most 1")
+_non_negative = checked_type(float, lambda v: math.isfinite(v) and v >= 0, "a number at least 0")
+_fraction = checked_type(float, lambda v: 0 < v <= 1, "a number greater than 0 and at most 1")
 
 
 def build_parser() -> OneLineParser:

@@ -16,7 +16,6 @@ Needs the optional extra 'serve' (FastAPI, uvicorn, prometheus_client): pip inst
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import signal
@@ -24,40 +23,15 @@ import socket
 import sys
 from pathlib import Path
 
-from liac.cli import OneLineParser, version_text
+from liac.cli import OneLineParser, checked_type, version_text
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, require
 
 __all__ = ["main", "build_parser", "serve"]
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got '{text}'")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds at least 0, got '{text}'")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535 (0: any free port), got '{text}'")
-    return value
+_positive = checked_type(int, lambda v: 1 <= v < 2**31, "a positive integer")
+_seconds = checked_type(float, lambda v: v >= 0, "a number of seconds at least 0")
+_port = checked_type(int, lambda v: 0 <= v <= 65535, "a port number 0..65535 (0: any free port)")
 
 
 def build_parser() -> OneLineParser:
