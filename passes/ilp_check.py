@@ -29,10 +29,11 @@ from liac.passes.price import layer_time, operand_tiers
 from liac.plan import TIERS
 from liac.sizes import GIB
 
-__all__ = ["SolutionCheckError", "GAP_TOLERANCE", "check_solution", "verify_assignment", "certified_bound"]
+__all__ = ["SolutionCheckError", "GAP_TOLERANCE", "PRICE_TOLERANCE", "check_solution", "verify_assignment",
+           "certified_bound"]
 
 GAP_TOLERANCE = 1e-9  # relative: the tolerance every level is closed to (the solvers' 1e-9)
-_PRICE_TOLERANCE = 1e-9  # relative: a stored configuration's seconds against its re-pricing
+PRICE_TOLERANCE = 1e-9  # relative: a stored configuration's seconds against its re-pricing
 
 
 class SolutionCheckError(RuntimeError):
@@ -79,7 +80,7 @@ def verify_assignment(costs: CostGraph, assignment: Assignment) -> float:
                 raise SolutionCheckError(f"solver check: {name} configuration {config} is not an allowed placement")
             seconds += float(priced.seconds[0])
             staging = max(staging, int(np.ceil(priced.staging_bytes[0])))
-        if abs(seconds - config.seconds) > _PRICE_TOLERANCE * max(seconds, 1e-300):
+        if abs(seconds - config.seconds) > PRICE_TOLERANCE * max(seconds, 1e-300):
             raise SolutionCheckError(f"solver check: {name} configuration priced {config.seconds!r} s, re-priced "
                                      f"{seconds!r} s")
         objective += seconds * count
@@ -93,7 +94,7 @@ def verify_assignment(costs: CostGraph, assignment: Assignment) -> float:
         raise SolutionCheckError(f"solver check: buffers of {staging} staging and {workspace} workspace bytes, "
                                  f"the assignment reserves {assignment.staging_bytes} and {assignment.workspace_bytes}")
     _check_memory(costs, assignment)
-    if abs(objective - assignment.objective_seconds) > _PRICE_TOLERANCE * objective:
+    if abs(objective - assignment.objective_seconds) > PRICE_TOLERANCE * objective:
         raise SolutionCheckError(f"solver check: objective {assignment.objective_seconds!r} s, re-priced "
                                  f"{objective!r} s")
     return objective

@@ -39,7 +39,7 @@ import numpy as np
 from liac.passes.ilp_lp import solve_lp
 
 __all__ = ["MAX_STATES", "RELATIVE", "LevelSolution", "LevelProblem", "ClassColumns", "TooLarge", "solve_level", "useful_columns",
-           "knapsack", "beats"]
+           "knapsack", "beats", "pareto"]
 
 MAX_STATES = 200_000  # states generated per knapsack before a level is left to the ILP solver (deterministic)
 RELATIVE = 1e-9  # a plan must beat the best by more than this (relative) to replace it: the solvers' 1e-9
@@ -198,10 +198,10 @@ def useful_columns(decoder: ClassColumns, level: LevelProblem) -> np.ndarray:
     rows = np.sort(rows[order[np.r_[True, np.any(key[1:] != key[:-1], axis=1)]]])
     points = np.column_stack([decoder.seconds[rows], decoder.tier_bytes[rows][:, list(level.tiers)],
                               decoder.uses_gpu[rows]]).astype(np.float64)
-    return rows[_pareto(points)]
+    return rows[pareto(points)]
 
 
-def _pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
+def pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
     """Indices (ascending) of the rows of `points` [n, d] that no other row dominates (all ≤, all minimised); of
     identical rows the first is kept.
 
@@ -545,7 +545,7 @@ def _frontier(used_l: np.ndarray, used_b: np.ndarray, used_s: np.ndarray) -> np.
     starts = np.flatnonzero(np.concatenate([[True], ls[1:] != ls[:-1]]))
     for start, end in zip(starts, np.concatenate([starts[1:], [ls.size]])):
         points = np.column_stack([ss[start:end], bs[start:end]]).astype(np.float64)
-        keep[start + _pareto(points)] = True
+        keep[start + pareto(points)] = True
     return order[keep]
 
 

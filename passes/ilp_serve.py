@@ -47,9 +47,9 @@ from liac.errors import LiacError
 from liac.passes.costs import CostGraph
 from liac.passes.ilp import (Assignment, LayerChoice, LayerConfig, Policy, SolverOptions, SolverReport,
                              layer_configs, parse_policy, policy_label)
-from liac.passes.ilp_check import (GAP_TOLERANCE, SolutionCheckError, _PRICE_TOLERANCE, certified_bound,
+from liac.passes.ilp_check import (GAP_TOLERANCE, PRICE_TOLERANCE, SolutionCheckError, certified_bound,
                                    verify_assignment)
-from liac.passes.ilp_knapsack import _pareto
+from liac.passes.ilp_knapsack import pareto
 from liac.passes.ilp_master import check_capacity, solve_master
 
 __all__ = ["ServeColumn", "ServeAssignment", "serving_columns", "solve_serving", "batch_shares"]
@@ -128,7 +128,7 @@ def _fold(fronts: list[list[LayerConfig]], shares: tuple[float, ...]) -> list[tu
                   gpu or c.uses_gpu, chosen + (index,))
                  for pre, dec, stage, gpu, chosen in states for index, c in enumerate(front)]
         table = np.array([[pre + dec, stage, gpu] for pre, dec, stage, gpu, _ in grown], dtype=np.float64)
-        states = [grown[i] for i in _pareto(table)]
+        states = [grown[i] for i in pareto(table)]
     return states
 
 
@@ -156,7 +156,7 @@ def serving_columns(costs: tuple[CostGraph, ...], layer_class: str, shares: tupl
         return []
     table = np.array([[s.column.seconds, s.column.hbm_bytes, s.column.ddr_bytes, s.column.cxl_bytes,
                        s.column.staging_bytes, s.column.uses_gpu] for s in columns], dtype=np.float64)
-    return [columns[i] for i in _pareto(table)]
+    return [columns[i] for i in pareto(table)]
 
 
 def _placed_for_free(front: tuple[LayerConfig, ...], staging: int, gpu: bool) -> LayerConfig:
@@ -246,7 +246,7 @@ def _check(costs: tuple[CostGraph, ...], master_costs: CostGraph, serve: ServeAs
     for graph, share, assignment in zip(costs, shares, serve.per_batch):
         objective += share * verify_assignment(graph, assignment)
     claimed = serve.memory.objective_seconds
-    if abs(objective - claimed) > _PRICE_TOLERANCE * max(objective, 1e-300):
+    if abs(objective - claimed) > PRICE_TOLERANCE * max(objective, 1e-300):
         raise SolutionCheckError(f"solver check: serving objective {claimed!r} s, re-priced per batch size "
                                  f"{objective!r} s")
     bound = certified_bound(master_costs, configs, certificate)
