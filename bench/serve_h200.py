@@ -102,6 +102,8 @@ class Run:
                    "--grace-seconds", "5"]
         if a.emulate:
             command += ["--emulate-gpu"]
+        if a.static_batching:
+            command += ["--static-batching"]
         log = open(self.out / "server.txt", "w")
         process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         port = None
@@ -202,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=45.0, help="each phase sends for this long")
     parser.add_argument("--drain", type=float, default=45.0, help="then drains for this long at most")
     parser.add_argument("--max-waiting", type=int, default=256)
+    parser.add_argument("--static-batching", action="store_true",
+                        help="serve with lia-serve --static-batching (the baseline; run the command twice, into two "
+                             "output folders, to compare)")
     parser.add_argument("--budget", type=float, default=450.0,
                         help="seconds the whole run may take; phases that would pass it are skipped")
     args = parser.parse_args(argv)

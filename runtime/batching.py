@@ -25,6 +25,10 @@ decode steps of the running sequences (no chunking: the schedule prefills a prom
 prefill per token; a burst of arrivals is admitted over several iterations instead of stalling every stream for
 all of them. bench/serve_load.py measures what it costs the inter-token latency (docs/serving.md).
 
+**Static batching** (`static=True`, `lia-serve --static-batching`: the baseline continuous batching is measured
+against): newcomers are admitted only when no sequence is live, as many as the rows hold (the prefill budget does
+not cut the batch); the batch then decodes until its last sequence is done, its finished rows idle meanwhile.
+
 Sampling is per sequence: its own SamplingParams and its own generator (seeded from (seed, 0), as
 `Engine.generate` seeds a batch of one), so its tokens do not depend on what else shares its steps; greedy tokens
 are the argmax of its own logits — the same alone or in a busy batch up to the batched kernels' rounding
@@ -139,9 +143,11 @@ class ContinuousBatcher:
         max_waiting: requests that may wait for a row; `submit` raises QueueFull beyond it.
         max_prefill_tokens: prompt tokens (left-padded) prefilled per iteration at most (default: the plan's
             prompt_len: one full prompt, or several short ones); a request longer than it is prefilled alone.
+        static: static batching (see the module docstring): admit only into an empty batch, up to its rows.
     """
 
-    def __init__(self, engine: Engine, max_waiting: int = 64, max_prefill_tokens: int | None = None):
+    def __init__(self, engine: Engine, max_waiting: int = 64, max_prefill_tokens: int | None = None,
+                 static: bool = False):
         check_servable(engine.plan)
         work = engine.plan.spec.workload
         self.engine = engine
@@ -150,6 +156,7 @@ class ContinuousBatcher:
         self.context = work.prompt_len + work.gen_len  # prompt + new tokens a row holds
         self.max_waiting = max_waiting
         self.max_prefill_tokens = max_prefill_tokens or work.prompt_len
+        self.static = static
         self.pad_id = engine.text.pad_id() if engine.text.available() else 0
         self.live: list[_Live] = []
         self.waiting: deque[Handle] = deque()
@@ -233,6 +240,8 @@ class ContinuousBatcher:
     def _admit(self) -> list[Handle]:
         """The oldest waiting requests that fit the free rows and the prefill budget together (at least one)."""
         group: list[Handle] = []
+        if self.static and self.live:
+            return group  # a static batch runs to its end before the next one starts
         with self._lock:
             while self.waiting and len(self.live) + len(group) < self.rows:
                 candidate = self.waiting[0]
@@ -240,7 +249,7 @@ class ContinuousBatcher:
                     break  # retired at the next iteration
                 width = max(len(h.request.prompt_ids) for h in group + [candidate])
                 fits = all(width + h.request.max_tokens <= self.context for h in group + [candidate])
-                if group and (not fits or width * (len(group) + 1) > self.max_prefill_tokens):
+                if group and (not fits or (not self.static and width * (len(group) + 1) > self.max_prefill_tokens)):
                     break
                 group.append(self.waiting.popleft())
         return group

@@ -55,6 +55,9 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--max-prefill-tokens", metavar="N", type=_positive,
                         help="prompt tokens prefilled between two decode steps at most (default: the plan's "
                              "prompt_len)")
+    parser.add_argument("--static-batching", action="store_true",
+                        help="admit requests only into an empty batch, which then runs to its end (the baseline "
+                             "continuous batching is measured against)")
     parser.add_argument("--grace-seconds", metavar="S", type=_seconds, default=30.0,
                         help="on shutdown, how long requests in flight may finish before they are cancelled "
                              "(default 30)")
@@ -108,7 +111,8 @@ def serve(args, ready=None) -> int:
                               dtype=DTYPES[args.dtype] if args.dtype else None)
     metrics = ServeMetrics(engine)
     server_engine = AsyncEngine(engine, max_waiting=args.max_waiting, max_prefill_tokens=args.max_prefill_tokens,
-                                observer=metrics, grace_seconds=args.grace_seconds)
+                                observer=metrics, grace_seconds=args.grace_seconds,
+                                static_batching=args.static_batching)
     app = create_app(server_engine, name, metrics)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=args.grace_seconds + 10)

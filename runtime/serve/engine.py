@@ -186,15 +186,16 @@ class AsyncEngine:
         engine: an Engine (from_plan); a serving plan's gives every live batch size its own placement.
         max_waiting: requests waiting for a row before `generate` raises QueueFull.
         max_prefill_tokens: prompt tokens prefilled per iteration at most (runtime/batching.py).
+        static_batching: admit only into an empty batch (the baseline; runtime/batching.py).
         grace_seconds: how long a shutdown lets requests in flight finish before it cancels them.
         observer: gets the metrics (runtime/serve/metrics.py), or None.
     """
 
     def __init__(self, engine: Engine, max_waiting: int = 64, max_prefill_tokens: int | None = None,
-                 observer: Observer | None = None, grace_seconds: float = 30.0):
+                 observer: Observer | None = None, grace_seconds: float = 30.0, static_batching: bool = False):
         self.engine = engine
         self.grace_seconds = grace_seconds
-        self.batcher = ContinuousBatcher(engine, max_waiting, max_prefill_tokens)
+        self.batcher = ContinuousBatcher(engine, max_waiting, max_prefill_tokens, static=static_batching)
         self.observer = observer or Observer()
         self.error: BaseException | None = None
         self.accepting = True

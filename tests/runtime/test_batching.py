@@ -199,3 +199,22 @@ def test_each_step_runs_the_placement_planned_for_the_live_batch_size(checkpoint
             assert set(decoder) == {"cpu"}      # batch 2's placement: all on the CPU
         else:
             assert "gpu" in decoder             # the plan's own
+
+
+def test_static_batching_admits_only_into_an_empty_batch(checkpoints, alone):
+    """The baseline (`static=True`): a batch is admitted whole (up to its rows, past the prefill-token budget) only
+    when no sequence is live, and runs until its last sequence is done; the tokens are the same as alone."""
+    requests = [Request(tuple(p), n) for p, n in zip(PROMPTS, MAX_TOKENS)]
+    with _engine(checkpoints, "llama", "crossed") as engine:
+        batcher = ContinuousBatcher(engine, max_prefill_tokens=8, static=True)
+        live_at_admission, reports = [], []
+        for request in requests[:6]:
+            batcher.submit(request)
+        while batcher.busy:
+            live_at_admission.append(sum(seq.finish is None for seq in batcher.live))  # still running
+            batcher.step()
+            reports.append(dataclasses.replace(batcher.last))
+        tokens, _, _ = run(ContinuousBatcher(engine, static=True), requests, ARRIVALS)
+    admitted = [(live, r.prefill_sequences) for live, r in zip(live_at_admission, reports) if r.prefill_sequences]
+    assert admitted == [(0, 4), (0, 2)]  # four rows at once (32 prompt tokens past the budget of 8), then the rest
+    assert [tokens[i] for i in range(len(PROMPTS))] == alone("llama")
