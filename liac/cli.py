@@ -19,7 +19,7 @@ import liac
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 
 __all__ = ["main", "build_parser", "version_text", "COMMANDS", "OneLineParser", "report_os_error", "interrupted",
-           "checked_type"]
+           "checked_type", "seed_type"]
 
 COMMANDS = ("inspect", "compile", "validate", "explain", "diff", "docs", "profile", "calibrate", "demo")
 
@@ -43,6 +43,10 @@ def checked_type(convert, ok, rule: str):
             raise argparse.ArgumentTypeError(f"must be {rule}, got '{text}'")
         return value
     return parse
+
+
+# a seed: below 2⁶³, what torch's generators take (lia-run --random-weights / --seed, lia-serve --random-weights)
+seed_type = checked_type(int, lambda v: 0 <= v < 2**63, "an integer at least 0")
 
 
 def one_line(text: str, limit: int = 1000) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 # torch-free imports only: torch loads inside run(), within main()'s try, so the flags answer at once and Ctrl-C
 # while it loads is one line (tests/runtime/test_lia_run.py checks both)
-from liac.cli import OneLineParser, checked_type, interrupted, report_os_error, version_text
+from liac.cli import OneLineParser, checked_type, interrupted, report_os_error, seed_type, version_text
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, brief
 from liac.fileio import MAX_JSON_BYTES, check_writable, load_json, read_text
 from liac.hub import resolve_checkpoint
@@ -42,7 +42,7 @@ __all__ = ["main", "build_parser", "read_prompt_ids", "read_prompt_file", "EXIT_
 
 
 _positive = checked_type(int, lambda v: 1 <= v < 2**31, "a positive integer")
-_count = checked_type(int, lambda v: 0 <= v < 2**63, "an integer at least 0")  # below 2⁶³: a seed torch takes
+_count = seed_type
 
 MAX_PROMPT_FILE_BYTES = 64 * 2**20  # --prompt-file: far beyond any context window, well below memory
 _non_negative = checked_type(float, lambda v: math.isfinite(v) and v >= 0, "a number at least 0")

@@ -23,7 +23,7 @@ import socket
 import sys
 from pathlib import Path
 
-from liac.cli import OneLineParser, checked_type, version_text
+from liac.cli import OneLineParser, checked_type, seed_type, version_text
 from liac.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, LiacError, require
 
 __all__ = ["main", "build_parser", "serve"]
@@ -44,7 +44,7 @@ def build_parser() -> OneLineParser:
     weights = parser.add_mutually_exclusive_group(required=True)
     weights.add_argument("--weights", metavar="DIR", help="HF checkpoint directory (config.json, *.safetensors, its "
                                                           "tokenizer), or a Hugging Face repo id in the HF cache")
-    weights.add_argument("--random-weights", metavar="SEED", type=int,
+    weights.add_argument("--random-weights", metavar="SEED", type=seed_type,
                          help="seeded random weights (benchmarks: token ids in, no tokenizer)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="port to listen on (default 8000; 0: any free one)")

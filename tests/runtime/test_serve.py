@@ -372,3 +372,11 @@ def test_a_mixture_of_experts_plan_is_refused_in_one_line(capsys, tmp_path):
                    "continuous batching serve dense models only; run this plan with lia-run\n")
     with pytest.raises(LiacError, match="plan: model 'mixtral-8x7b' is a mixture of experts"):
         check_servable(load_plan(plan_file))
+
+
+def test_a_negative_seed_is_one_line(capsys, tmp_path):
+    """--random-weights takes what lia-run takes: a seed torch's generators accept (0 ≤ seed < 2⁶³)."""
+    assert lia_serve([str(tmp_path / "plan.yaml"), "--random-weights", "-1", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lia-serve: argument --random-weights: must be an integer at least 0, got '-1'")
+    assert err.count("\n") == 1
