@@ -352,3 +352,21 @@ def test_the_committed_benchmark_serving_plan_is_valid(capsys):
     assert [b.batch_size for b in plan.spec.serving.batches] == [1, 2, 4, 8, 16, 32]
     assert (plan.spec.workload.prompt_len, plan.spec.workload.gen_len) == (256, 64)
     assert main(["validate", str(path)]) == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize("batch", (8, 32))
+def test_the_committed_benchmark_plain_plans_match_the_serving_plan(batch, capsys):
+    """bench/serve/opt-30b.h200-amx16.plain-bB.yaml (bench/serve_h200.py's 'plain:B'): batch B's own plan for the
+    serving plan's model, hardware profile, budgets and lengths, current and valid, with no serving batches."""
+    from liac.cli import main
+    from liac.plan import API_VERSION, load_plan
+
+    serving = load_plan(ROOT / "bench" / "serve" / "opt-30b.h200-amx16.serve.yaml")
+    path = ROOT / "bench" / "serve" / f"opt-30b.h200-amx16.plain-b{batch}.yaml"
+    assert path.read_text().startswith(f"apiVersion: {API_VERSION}\n")
+    plan = load_plan(path)
+    assert plan.spec.serving.batches == () and plan.spec.workload.batch_size == batch
+    assert (plan.spec.workload.prompt_len, plan.spec.workload.gen_len) == (256, 64)
+    assert (plan.spec.budgets, plan.spec.hardware, plan.model_config) == \
+        (serving.spec.budgets, serving.spec.hardware, serving.model_config)
+    assert main(["validate", str(path)]) == 0, capsys.readouterr()
