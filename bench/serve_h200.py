@@ -10,12 +10,12 @@ configurations one after another (each a fresh lia-serve), the same load phases 
     python bench/serve_h200.py --out /tmp/serve --emulate --configs serving,static,plain:4
 
 Configurations (`--configs`, comma-separated, run in that order; default `serving`):
-  serving   the committed serving plan bench/serve/opt-30b.h200-amx16.serve.yaml (one memory placement, a compute
-            placement per live batch size; compiled with `liac compile --model opt-30b --hw h200-amx16 --gpu-mem
+  serving   the committed serving plan bench/serve/opt-30b.h200-measured.serve.yaml (one memory placement, a compute
+            placement per live batch size; compiled with `liac compile --model opt-30b --hw h200-measured --gpu-mem
             24GiB --serve --batch 1,2,4,8,16,32 --prompt-len 256 --gen-len 64`), continuous batching
   static    the same plan, `lia-serve --static-batching` (admit only into an empty batch, which runs to its end)
   plain:B   the plain-sweep plan for batch B (`liac compile ... --batch B`, same model, profile, budget and lengths:
-            bench/serve/opt-30b.h200-amx16.plain-bB.yaml, or `*plain-bB.yaml` in --plain-plan-dir), continuous
+            bench/serve/opt-30b.h200-measured.plain-bB.yaml, or `*plain-bB.yaml` in --plain-plan-dir), continuous
             batching: its one memory and compute placement, batch B's own optimum, at every live batch size; at most
             B sequences live (the plan's batch is the KV cache's rows), the rest queue
 With --compile (implied by --emulate) every plan is compiled here instead, into $OUT/plans/ (compile.txt).
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="serving",
                         help="comma-separated server configurations, run in order: serving, static, plain:B "
                              "(default serving)")
-    parser.add_argument("--plan", default=str(BENCH_SERVE / "opt-30b.h200-amx16.serve.yaml"),
+    parser.add_argument("--plan", default=str(BENCH_SERVE / "opt-30b.h200-measured.serve.yaml"),
                         help="the serving plan of 'serving' and 'static' (default: the committed OPT-30B, 24 GiB one)")
     parser.add_argument("--plain-plan-dir", default=str(BENCH_SERVE),
                         help="where 'plain:B' finds its plan, '*plain-bB.yaml' (default bench/serve)")
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile every configuration's plan here instead (--model, --hw, --gpu-mem, "
                              "--max-batch, ...)")
     parser.add_argument("--model", default="opt-30b")
-    parser.add_argument("--hw", default="h200-amx16")
+    parser.add_argument("--hw", default="h200-measured")
     parser.add_argument("--gpu-mem", default="24GiB")
     parser.add_argument("--max-batch", type=int, default=32, help="with --compile: the serving plan's largest batch")
     parser.add_argument("--prompt-len", type=int, default=256, help="the plans' prompt_len (longest prompt)")

@@ -26,10 +26,10 @@ def test_each_configuration_gets_its_plan_and_flags_and_a_failure_does_not_stop_
     status = main(["--out", str(tmp_path), "--configs", "serving,static,plain:8,plain:3,plain:32",
                    "--phases", "rate:0.5,rate:1", "--seconds", "1", "--drain", "1", "--budget", "1000"])
     assert status == 1  # some configuration failed
-    assert [(c, p) for c, p, _ in started] == [("serving", "opt-30b.h200-amx16.serve.yaml"),
-                                               ("static", "opt-30b.h200-amx16.serve.yaml"),
-                                               ("plain:8", "opt-30b.h200-amx16.plain-b8.yaml"),
-                                               ("plain:32", "opt-30b.h200-amx16.plain-b32.yaml")]
+    assert [(c, p) for c, p, _ in started] == [("serving", "opt-30b.h200-measured.serve.yaml"),
+                                               ("static", "opt-30b.h200-measured.serve.yaml"),
+                                               ("plain:8", "opt-30b.h200-measured.plain-b8.yaml"),
+                                               ("plain:32", "opt-30b.h200-measured.plain-b32.yaml")]
     assert ["--static-batching" in command for _, _, command in started] == [False, True, False, False]
     summary = json.loads((tmp_path / "summary.json").read_text())
     configs = {c["config"]: c for c in summary["configs"]}
@@ -61,7 +61,7 @@ def test_the_budget_is_shared_and_what_it_cannot_hold_is_skipped(tmp_path, monke
 
 
 def test_the_committed_plans_are_where_the_configurations_look():
-    assert (BENCH_SERVE / "opt-30b.h200-amx16.serve.yaml").is_file()
+    assert (BENCH_SERVE / "opt-30b.h200-measured.serve.yaml").is_file()
     assert sorted(p.name for p in BENCH_SERVE.glob("*plain-b*.yaml")) == [
-        "opt-30b.h200-amx16.plain-b32.yaml", "opt-30b.h200-amx16.plain-b8.yaml"]
+        "opt-30b.h200-measured.plain-b32.yaml", "opt-30b.h200-measured.plain-b8.yaml"]
     assert serve_h200.parse_phases("rate:0.25,clients:8") == [("rate", 0.25), ("clients", 8.0)]

@@ -341,12 +341,12 @@ def _traced_tiny_moe(cfg):
 
 
 def test_the_committed_benchmark_serving_plan_is_valid(capsys):
-    """bench/serve/opt-30b.h200-amx16.serve.yaml (what bench/serve_h200.py serves on the H200) loads as the current
+    """bench/serve/opt-30b.h200-measured.serve.yaml (what bench/serve_h200.py serves on the H200) loads as the current
     plan version and passes `liac validate`; its batch sizes are the ones docs/serving.md gives."""
     from liac.cli import main
     from liac.plan import API_VERSION, load_plan
 
-    path = ROOT / "bench" / "serve" / "opt-30b.h200-amx16.serve.yaml"
+    path = ROOT / "bench" / "serve" / "opt-30b.h200-measured.serve.yaml"
     assert path.read_text().startswith(f"apiVersion: {API_VERSION}\n")
     plan = load_plan(path)
     assert [b.batch_size for b in plan.spec.serving.batches] == [1, 2, 4, 8, 16, 32]
@@ -356,13 +356,13 @@ def test_the_committed_benchmark_serving_plan_is_valid(capsys):
 
 @pytest.mark.parametrize("batch", (8, 32))
 def test_the_committed_benchmark_plain_plans_match_the_serving_plan(batch, capsys):
-    """bench/serve/opt-30b.h200-amx16.plain-bB.yaml (bench/serve_h200.py's 'plain:B'): batch B's own plan for the
+    """bench/serve/opt-30b.h200-measured.plain-bB.yaml (bench/serve_h200.py's 'plain:B'): batch B's own plan for the
     serving plan's model, hardware profile, budgets and lengths, current and valid, with no serving batches."""
     from liac.cli import main
     from liac.plan import API_VERSION, load_plan
 
-    serving = load_plan(ROOT / "bench" / "serve" / "opt-30b.h200-amx16.serve.yaml")
-    path = ROOT / "bench" / "serve" / f"opt-30b.h200-amx16.plain-b{batch}.yaml"
+    serving = load_plan(ROOT / "bench" / "serve" / "opt-30b.h200-measured.serve.yaml")
+    path = ROOT / "bench" / "serve" / f"opt-30b.h200-measured.plain-b{batch}.yaml"
     assert path.read_text().startswith(f"apiVersion: {API_VERSION}\n")
     plan = load_plan(path)
     assert plan.spec.serving.batches == () and plan.spec.workload.batch_size == batch
