@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from liac.ir import Sublayer, SublayerGraph, phase_point, require_stage
+from liac.models.mixtral import expert_block_rows
 from liac.plan import PHASES, TIERS
 from liac.profile import HardwareProfile
 from liac.schema_tools import from_data, to_data
@@ -770,6 +772,34 @@ def prefill_microbatches(work: Workload, workspace, budget_bytes: int) -> tuple[
     return tuple(out)
 
 
+def experts_transient_bytes(sub: Sublayer, point: tuple[int, int, int]) -> float:
+    """Eq. 14's term for an MoE experts node beyond its traced inputs and output, from its stacked weights' traced
+    shapes (E, I, D) and (E, D, F) (I = 2F for SwiGLU) and the step's n = B·Q tokens, top-k of E (the runtime's
+    `experts_partial` on the GPU, runtime/executor.py `_experts_step`):
+
+    * the routing grouped by expert: each assignment's token index (int64) and weight (fp32), 12·n·k bytes;
+    * the device's partial sum, n·D·s (s the weights' element size: the model's dtype);
+    * the larger of one expert's intermediates on a block of R = ⌈n·k / E⌉ tokens (`expert_block_rows`: the
+      runtime computes a more-routed expert in blocks of R) — its gathered input R·D, the first GEMM's R·I, the
+      activation's R·F and the gated product's R·F, all of size s — and, at the merge, the other device's partial
+      sum copied beside it (n·D·s).
+    0 for every other node."""
+    if sub.kind != "experts" or not sub.experts[0]:
+        return 0.0
+    num_experts, top_k = sub.experts
+    stacked = [w for w in sub.weights if len(w.shape) == 3]
+    if len(stacked) != 2:
+        return 0.0
+    first, second = stacked if stacked[0].shape[2] == stacked[1].shape[1] else stacked[::-1]
+    hidden, inner, gated = first.shape[2], first.shape[1], second.shape[2]
+    size = first.nbytes / math.prod(first.shape)
+    tokens = point[0] * point[1]
+    rows = expert_block_rows(tokens, top_k, num_experts)
+    block = rows * size * max(hidden + inner + 2 * gated, 2 * hidden + inner + gated)
+    partial = tokens * hidden * size
+    return 12.0 * tokens * top_k + partial + max(block, partial)
+
+
 def _node_live_bytes(sub: Sublayer, point: tuple[int, int, int], fresh_kv: float) -> float:
     """What one node holds at once while it runs: its activation inputs and outputs; an attention node in prefill
     also this step's K and V (`fresh_kv`: activations until attention has read them); a gated activation
@@ -777,7 +807,7 @@ def _node_live_bytes(sub: Sublayer, point: tuple[int, int, int], fresh_kv: float
     probabilities materialised (a fused kernel holds less; run apart, the runtime computes them in query blocks
     into one output, so the block's fp32 softmax adds little)."""
     a_in, a_out = _activation_bytes(sub, point, _weights_touched(sub, point[0], point[1]))
-    live = a_in + a_out
+    live = a_in + a_out + experts_transient_bytes(sub, point)
     if sub.kind in _ATTENTION:
         live += fresh_kv
     if sub.kind == "activation" and a_in > a_out:

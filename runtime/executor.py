@@ -41,7 +41,7 @@ from liac.models import build_model
 from liac.models.config import ModelConfig
 from liac.models.layers import (padded_causal_mask, padded_positions, ragged_decode_mask, ragged_positions,
                                rope_inv_freq)
-from liac.models.mixtral import experts_partial, group_by_expert
+from liac.models.mixtral import expert_block_rows, experts_partial, group_by_expert
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
@@ -760,10 +760,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
 
     def part(device: str, vals: dict, counts: list[int], routed: list[int]) -> torch.Tensor:
         """`routed`: this step's host experts of `device` (ExpertRun.assign), the GPU's resident ones besides."""
-        h = vals["h"][device]
-        routing = group_by_expert(vals["ei"][device], vals["ew"][device], counts)
-        experts = gpu_experts(routed) if device == "gpu" else ((e, *host_expert(e)) for e in routed)
-        return experts_partial(h.reshape(-1, h.shape[-1]), routing, experts, kernels[device])
+        h, index = vals["h"][device], vals["ei"][device]
+        routing = group_by_expert(index, vals["ew"][device], counts)
+        flat = h.reshape(-1, h.shape[-1])
+        if device == "gpu":  # an expert's intermediates within what the plan's workspace prices (Eq. 14)
+            block = expert_block_rows(flat.shape[0], index.shape[-1], run.num_experts)
+            return experts_partial(flat, routing, gpu_experts(routed), kernels[device], block)
+        return experts_partial(flat, routing, ((e, *host_expert(e)) for e in routed), kernels[device])
 
     devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
     backend = ex.backend
@@ -796,13 +799,20 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             partial["cpu"] = part("cpu", vals, counts, on["cpu"])
             timed.append(_PartTiming(time.perf_counter() - began, start, end, launched, routed))
         out = {}
-        for device in run.merge_on:  # the partial sums meet here, then the residual (HF: residual + experts' sum)
-            total = None
-            for source, values in partial.items():
-                values = values if source == device else transfer(values, device, "merge")
-                total = values if total is None else total + values
+        for last, device in enumerate(run.merge_on, 1 - len(run.merge_on)):
+            # the partial sums meet here, then the residual (HF: residual + experts' sum). A partial no later merge
+            # device reads takes the others' in place (one copy at a time beside it: what Eq. 14 prices).
+            total = partial.get(device)
+            if total is not None and last != 0:
+                total = total.clone()
+            for source in [s for s in partial if s != device]:
+                values = transfer(partial[source], device, "merge")
+                total = values if total is None else total.add_(values)
+                del values
             residual = vals["x"][device]
             out[device] = residual + total.view_as(residual)
+            del total
+        partial.clear()
         vals["x"] = out
     return step
 

@@ -18,8 +18,8 @@ from torch import nn
 from liac.models.config import ModelConfig
 from liac.models.layers import QKV, Attention, ResidualLinear, Transformer, make_norm
 
-__all__ = ["Router", "Experts", "Routing", "expert_ffn", "group_by_expert", "experts_partial", "MixtralLayer",
-           "build", "hf_weight_names"]
+__all__ = ["Router", "Experts", "Routing", "expert_ffn", "group_by_expert", "experts_partial", "expert_block_rows",
+           "MixtralLayer", "build", "hf_weight_names"]
 
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
@@ -98,19 +98,30 @@ def group_by_expert(index: torch.Tensor, weights: torch.Tensor, counts: list[int
     return Routing(order // index.shape[-1], weights.reshape(-1)[order], tuple(offsets))
 
 
+def expert_block_rows(tokens: int, top_k: int, num_experts: int) -> int:
+    """The most tokens one expert computes at once where memory is budgeted (the GPU): a step's tokens·k assignments
+    spread evenly over the experts, ⌈n·k / E⌉ rows, what the cost model prices an expert's intermediates at (Eq. 14,
+    passes/costs.py `experts_transient_bytes`). An expert routed more tokens computes them in blocks of this many."""
+    return max(1, -(-tokens * top_k // num_experts))
+
+
 def experts_partial(h: torch.Tensor, routing: Routing, experts: Iterable[tuple[int, torch.Tensor, torch.Tensor]],
-                    linear: Linear = F.linear) -> torch.Tensor:
+                    linear: Linear = F.linear, block_rows: int | None = None) -> torch.Tensor:
     """The sum over `experts` ((index, gate_up, down) each, in ascending order; a generator may wait for a weight
     copy before yielding) of each expert's weighted output on its routed tokens: h [n, D] → [n, D] (zeros where no
-    listed expert was routed). Unrouted experts are skipped before their weights are touched."""
+    listed expert was routed). Unrouted experts are skipped before their weights are touched. With `block_rows`, an
+    expert's tokens are computed at most that many at a time (row blocks of a GEMM: the same values, bounded
+    intermediates; `expert_block_rows`)."""
     out = torch.zeros_like(h)
     for expert, gate_up, down in experts:
         first, last = routing.offsets[expert], routing.offsets[expert + 1]
-        if first == last:
-            continue
-        tokens = routing.tokens[first:last]
-        y = expert_ffn(gate_up, down, h[tokens], linear) * routing.weights[first:last, None]
-        out.index_add_(0, tokens, y.to(out.dtype))
+        step = (last - first) if block_rows is None else block_rows
+        for begin in range(first, last, max(step, 1)):
+            end = min(begin + step, last)
+            tokens = routing.tokens[begin:end]
+            # one expression: no block's output outlives its index_add_ (the next block's intermediates come alone)
+            out.index_add_(0, tokens, (expert_ffn(gate_up, down, h[tokens], linear)
+                                       * routing.weights[begin:end, None]).to(out.dtype))
     return out
 
 

@@ -11,7 +11,7 @@ from hand_graphs import TINY, hand_graph
 
 from liac.models.config import ModelConfig
 from liac.passes.costs import (WORKSPACE_SHARE, CostGraph, Microbatch, TierBudgets, Workload, annotate_costs,
-                               experts_touched, gpu_workspace_bytes, microbatch_points)
+                               experts_touched, experts_transient_bytes, gpu_workspace_bytes, microbatch_points)
 from liac.profile import resolve_profile
 
 HW = resolve_profile("spr-h100-cxl")
@@ -177,6 +177,29 @@ def test_expected_distinct_experts_matches_enumeration():
         routings = list(itertools.product(subsets, repeat=tokens))
         mean = sum(len(set().union(*r)) for r in routings) / len(routings)
         assert experts_touched(experts, top_k, tokens) == pytest.approx(mean, rel=1e-12)
+
+
+def test_experts_transient_bytes_by_hand():
+    """Eq. 14's MoE term from the stacked weights' shapes alone: Mixtral-8x7B's (D 4096, F 14336, bf16, top-2 of 8)
+    at a batch-8 prefill of 128 tokens: n = 1024 tokens, blocks of R = 1024·2/8 = 256 rows."""
+    from liac.ir import Poly, Sublayer, WeightTensor
+
+    experts, top_k, d, f = 8, 2, 4096, 14336
+    weights = (WeightTensor("down", (experts, d, f), "bfloat16", experts * d * f * 2),  # either order
+               WeightTensor("gate_up", (experts, 2 * f, d), "bfloat16", experts * 2 * f * d * 2))
+    node = Sublayer("experts", "experts", "decoder", "experts", weights=weights, bytes_written=Poly.const(0),
+                    experts=(experts, top_k))
+    n, rows = 1024, 256
+    routing = 12 * n * top_k                     # int64 token index + fp32 weight per assignment
+    partial = n * d * 2                          # the device's partial sum
+    block = rows * 2 * (d + 2 * f + 2 * f)       # gathered input, gate_up's output, silu(gate), the product
+    assert experts_transient_bytes(node, (8, 128, 128)) == routing + partial + block
+    # decode at batch 1: one token, blocks of one row (larger than the merge's copy of a partial sum, n·D·2)
+    assert experts_transient_bytes(node, (1, 1, 130)) == 12 * 2 + d * 2 + 2 * (d + 4 * f)
+    # 3 tokens, top-2 of 8: ⌈6 / 8⌉ = 1 row per block
+    assert experts_transient_bytes(node, (3, 1, 130)) == 12 * 6 + 3 * d * 2 + 2 * (d + 4 * f)
+    dense = dataclasses.replace(node, kind="linear", experts=(0, 0))
+    assert experts_transient_bytes(dense, (8, 128, 128)) == 0
 
 
 def test_json_round_trip_replays():

@@ -118,6 +118,66 @@ def test_the_activation_model_bounds_what_the_runtime_holds(cfg, batch, prompt):
     assert 0.9 * modelled <= live.peak_bytes <= modelled + logits
 
 
+# Mixtral's proportions (F = 3.5·D, top-2 of 8): the experts' intermediates bind the layer's activation peak.
+MIXTRAL = ModelConfig(name="budget-mixtral", family="mixtral", hidden_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, ffn_dim=224, vocab_size=112, max_position=128, norm="rmsnorm",
+                      norm_eps=1e-5, activation="silu", qkv_bias=False, proj_bias=False, tie_embeddings=False,
+                      rope_theta=10000.0, num_experts=8, experts_top_k=2)
+
+
+@pytest.mark.parametrize("resident", [8, 0], ids=["resident", "streamed"])
+@pytest.mark.parametrize("batch,prompt", [(8, 16), (16, 32)])
+def test_the_activation_model_bounds_what_the_moe_runtime_holds(batch, prompt, resident):
+    """The same bound for Mixtral's experts on the (emulated) GPU, resident in HBM or streamed through the expert
+    slots: the routing grouped by expert, the partial sum, an expert's intermediates in blocks of ⌈n·k/E⌉ rows
+    (passes/costs.py `experts_transient_bytes`) are what the runtime holds beyond the traced edges."""
+    from liac.plan import ExpertPlacement
+
+    tier = {} if resident else {"weights_tier": "ddr"}
+    plan = make_plan(MIXTRAL, "gpu", batch=batch, prompt_len=prompt, gen_len=4,
+                     experts=ExpertPlacement(resident, 0, 0), **tier)
+    engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend(), dtype=torch.bfloat16)
+    ids = torch.randint(0, MIXTRAL.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode(), LiveBytes() as live:
+        engine.generate(ids, 3)
+    modelled = class_activation_peak(trace_model(MIXTRAL), "decoder", Workload(batch, prompt, 4))
+    logits = batch * MIXTRAL.vocab_size * (2 + 4)
+    assert 0.9 * modelled <= live.peak_bytes <= modelled + logits
+
+
+def test_a_skewed_routing_keeps_an_experts_intermediates_within_the_priced_block():
+    """Every token routed to the same two experts (what random weights or a real prompt can do): the GPU computes
+    each in blocks of ⌈n·k/E⌉ rows, so what `experts_partial` holds stays what Eq. 14 prices for uniform routing,
+    and the sum equals the unblocked one."""
+    from liac.models.mixtral import expert_block_rows, experts_partial, group_by_expert
+    from liac.passes.costs import experts_transient_bytes
+
+    n, d, f, experts = 256, 64, 224, 8
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(n, d, generator=gen).bfloat16()
+    gate_up = torch.randn(experts, 2 * f, d, generator=gen).bfloat16() / 8
+    down = torch.randn(experts, d, f, generator=gen).bfloat16() / 8
+    index = torch.tensor([[3, 5]] * n).view(1, n, 2)
+    weights = torch.full((1, n, 2), 0.5)
+    counts = torch.bincount(index.reshape(-1), minlength=experts).tolist()
+    listed = [(e, gate_up[e], down[e]) for e in range(experts)]
+    whole = experts_partial(h, group_by_expert(index, weights, counts), listed)
+    routing = group_by_expert(index, weights, counts)
+    block = expert_block_rows(n, 2, experts)
+    assert block == 64
+    with torch.inference_mode(), LiveBytes() as live:
+        blocked = experts_partial(h, routing, listed, block_rows=block)
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=0.02)
+    node = trace_model(MIXTRAL).nodes["decoder.experts"]["sublayer"]
+    node = dataclasses.replace(node, weights=tuple(dataclasses.replace(w, shape=(experts, *w.shape[1:]))
+                                                   for w in node.weights))
+    routing_bytes = 12 * n * 2  # made before the block: not seen here
+    assert live.peak_bytes <= experts_transient_bytes(node, (1, n, n)) - routing_bytes
+    with torch.inference_mode(), LiveBytes() as unblocked:
+        experts_partial(h, routing, listed)
+    assert unblocked.peak_bytes >= live.peak_bytes + 3 * 64 * 2 * (d + 4 * f)  # 256 rows at once: 4 blocks
+
+
 CASES = [(model, share, batch, prompt) for batch, prompt in [(4, 256), (32, 32), (1, 512)] for share in (0.3, 0.7)
          for model in (0, 1)]
 
