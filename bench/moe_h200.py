@@ -266,6 +266,9 @@ class MoeBench:
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
             weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
+        # the CPU read rate on the runtime's own kernel shapes: one expert's gate_up [2F, D] and down [D, F]
+        D, F = self.cfg.hidden_size, self.cfg.ffn_dim
+        sizes = dataclasses.replace(sizes, gemv_shapes=((2 * F, D), (D, F)))
         began = time.monotonic()
         rates = {k: round(v, 3) for k, v in measure_rates(sizes, use_gpu=False if self.args.emulate else None).items()}
         self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}")
@@ -337,10 +340,16 @@ class MoeBench:
         order = {c: i for i, c in enumerate(CONTENDERS)}
         plans = sorted(self.summary["plans"], key=lambda p: (p["batch"], order[p["contender"]]))
         specs = [RunSpec(p["plan"], gen_len=self.args.measure_gen_len) for p in plans]
+        names = [f"{p['contender']}:b{p['batch']}" for p in plans]
+        if self.args.threads_ab and "optimal:b1" in names:  # the batch-1 optimum again at other CPU thread counts
+            at = names.index("optimal:b1") + 1
+            for threads in reversed(self.args.threads_ab):
+                specs.insert(at, dataclasses.replace(specs[at - 1], threads=threads))
+                names.insert(at, f"optimal@{threads}t:b1")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
-        self.summary["runs_index"] = (["warmup"] if len(specs) > len(plans) else []) + \
-            [f"{p['contender']}:b{p['batch']}" for p in plans]
+            names.insert(0, "warmup")
+        self.summary["runs_index"] = names
         self.save()
         deadline = self.began + self.args.deadline_s - self.args.reserve_s
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
@@ -453,11 +462,13 @@ class MoeBench:
             if name == "warmup":
                 continue
             contender, batch = name.rsplit(":b", 1)
+            name = f"{contender.split('@')[0]}:b{batch}"  # a thread-count variant: its plan's name
             got = run.get("summary")
             floor = floors.get(int(batch), {})
             row = {"contender": contender, "batch": int(batch), "predicted": run["predicted"], "measured": got,
                    "floor_decode_ms_per_token": None, "floor_prefill_ms": None,
-                   "note": run.get("skipped") or run.get("error")}
+                   "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
+                   "gpu_peak_gib": _gpu_peak_gib(run)}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -472,7 +483,8 @@ class MoeBench:
                 print(f"{contender:>17} {batch:>5} | {got['prefill_ms']:10.1f} {run['predicted']['prefill_ms']:8.1f} "
                       f"{row.get('floor_prefill_ms') or float('nan'):8.1f} | "
                       f"{got['decode_ms_per_token']:13.1f} {run['predicted']['decode_ms_per_token']:8.1f} "
-                      f"{row['floor_decode_ms_per_token'] or float('nan'):8.1f} | {error:+.0%}")
+                      f"{row['floor_decode_ms_per_token'] or float('nan'):8.1f} | {error:+.0%}"
+                      f" | {row['cpu_threads']} threads, GPU peak {row['gpu_peak_gib']} GiB")
                 if row.get("batch1_experts_model_ms"):
                     print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
                         f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))
@@ -502,6 +514,13 @@ class MoeBench:
         self.summary["peers"] = versus
 
 
+def _gpu_peak_gib(run: dict) -> float | None:
+    """A run's GPU peak (allocator reserved + CUDA context where measured, else allocated), GiB."""
+    gpu = run.get("gpu") or {}
+    peak = gpu.get("peak_footprint_bytes") or gpu.get("peak_allocated_bytes")
+    return round(peak / GIB, 2) if peak else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for every result file ($OUT on the device)")
@@ -523,7 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=420.0, help="wall-clock budget of this call")
     parser.add_argument("--reserve-s", type=float, default=150.0,
                         help="seconds the runs leave for the stages after them (peers, floor)")
-    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help="stages to run, in order (e.g. without 'kernels': "
+                             "footprint,rates,compile,runs,peers,floor)")
+    parser.add_argument("--cpu-threads", type=int, default=0,
+                        help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
+                             "per core); the peers' processes keep their default")
+    parser.add_argument("--threads-ab", type=lambda s: [int(t) for t in s.split(",") if t], default=[],
+                        help="also run the batch-1 optimum at these CPU thread counts, right after it (e.g. 15)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: a tiny Mixtral, GPU emulated")
     args = parser.parse_args(argv)
     args.peers = [p for p in args.peers.split(",") if p]
@@ -535,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in stages:
         if name not in STAGES:
             raise SystemExit(f"--stages: unknown stage {name!r} (one of {', '.join(STAGES)})")
+    if args.cpu_threads:
+        import torch
+
+        torch.set_num_threads(args.cpu_threads)
     bench = MoeBench(args)
     for name in stages:
         bench.stage(name, getattr(bench, name))

@@ -23,6 +23,7 @@ Runs with the GPU machine's stock python3 from a checkout where liac is not inst
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -58,6 +59,17 @@ def _import_liac() -> None:
     spec.loader.exec_module(module)
 
 
+@contextlib.contextmanager
+def _restoring_threads(threads: int):
+    """Give torch its intra-op thread count back when the block ends (a run with `RunSpec.threads` of its own)."""
+    import torch
+
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run: a plan file and the request (None: the plan's workload value)."""
@@ -66,6 +78,7 @@ class RunSpec:
     batch: int | None = None
     prompt_len: int | None = None
     gen_len: int | None = None
+    threads: int | None = None  # torch's intra-op (CPU) threads for this run; None: as the process has them
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
@@ -211,7 +224,16 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             generator = torch.Generator().manual_seed(seed * 1_000_003 + batch * 10_007 + prompt_len)
             ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=generator)
             backend.reset_peak()
-            with Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len)) as engine:
+            threads = torch.get_num_threads()
+            if run.threads:
+                torch.set_num_threads(run.threads)
+            record["cpu_threads"] = torch.get_num_threads()
+            try:
+                engine = Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len))
+            except BaseException:
+                torch.set_num_threads(threads)
+                raise
+            with _restoring_threads(threads), engine:
                 record["build_seconds"] = round(engine.build_seconds, 3)
                 record["warmup_seconds"] = round(engine.warmup_seconds, 3)
                 generation = engine.generate(ids, gen_len)

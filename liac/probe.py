@@ -39,6 +39,10 @@ class ProbeSizes:
     gemm_k: int  # inner/outer dimension of the square weights of the GEMM curve
     copy_bytes: int  # one PCIe / HBM transfer
     repeats: int
+    # The CPU GEMV's weights as (rows, columns) matrices, rotated to `rotate_bytes` (default: square-ish matrices
+    # of `weight_bytes` with `gemm_k` rows): a benchmark passes the shapes its runs' CPU kernel reads (an MoE
+    # expert's [2F, D] and [D, F]), so that `cpu_ddr_read_gb_per_s` is that kernel's rate.
+    gemv_shapes: tuple[tuple[int, int], ...] = ()
 
     @staticmethod
     def full() -> "ProbeSizes":
@@ -101,16 +105,22 @@ def _rotated_weights(rows: int, cols: int, total_bytes: int) -> list[torch.Tenso
     return [_random(rows, cols, scale=0.02) for _ in range(count)]
 
 
+def _rotated_shapes(shapes: tuple[tuple[int, int], ...], total_bytes: int) -> list[torch.Tensor]:
+    """Matrices of `shapes` in turn, repeated until they hold `total_bytes` (at least one round)."""
+    one = sum(rows * cols * 2 for rows, cols in shapes)
+    return [_random(rows, cols, scale=0.02) for _ in range(max(1, -(-total_bytes // one))) for rows, cols in shapes]
+
+
 def _gemv_rate(weights: list[torch.Tensor], kernel: str, repeats: int) -> float:
-    x = torch.randn(weights[0].shape[1], dtype=torch.bfloat16)
-    x2 = x[None, :]
+    inputs = {w.shape[1]: torch.randn(w.shape[1], dtype=torch.bfloat16) for w in weights}
 
     def run():
         for w in weights:
+            x = inputs[w.shape[1]]
             if kernel == "torch.mv":
                 torch.mv(w, x)
             else:
-                F.linear(x2, w)
+                F.linear(x[None, :], w)
 
     seconds = _median_seconds(run, repeats)
     return sum(w.numel() * 2 for w in weights) / seconds / GB
@@ -305,7 +315,8 @@ def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, f
     rates of the same machine start (the CPU side of a shared host varies 2-3x between starts)."""
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     weights = _rotated_weights(sizes.gemm_k, max(1, sizes.weight_bytes // (sizes.gemm_k * 2)), sizes.rotate_bytes)
-    rates = {"cpu_ddr_read_gb_per_s": max(_gemv_rate(weights, k, sizes.repeats) for k in ("F.linear", "torch.mv")),
+    gemv = _rotated_shapes(sizes.gemv_shapes, sizes.rotate_bytes) if sizes.gemv_shapes else weights
+    rates = {"cpu_ddr_read_gb_per_s": max(_gemv_rate(gemv, k, sizes.repeats) for k in ("F.linear", "torch.mv")),
              "cpu_kv_read_gb_per_s": _kv_read_rate(sizes.weight_bytes, sizes.repeats)}
     if gpu:
         cuda, sync = torch.device("cuda"), torch.cuda.synchronize

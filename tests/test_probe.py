@@ -40,3 +40,36 @@ def test_measured_profile_compiles(measured, tmp_path):
     # measured without a GPU, the profile has no GPU memory: a GPU budget is more than this machine has
     assert main(["compile", "--model", "opt-1.3b", "--hw", str(measured), "--batch", "1", "--gpu-mem", "1GiB",
                  "-o", str(out)]) == 2
+
+
+def test_the_gemv_rate_can_be_measured_on_a_kernels_own_shapes(monkeypatch):
+    """`ProbeSizes.gemv_shapes`: the CPU read rate comes from F.linear / torch.mv over matrices of those shapes (an
+    MoE expert's [2F, D] and [D, F], in turn, rotated to `rotate_bytes`), not the default square-ish GEMV."""
+    import dataclasses
+
+    from liac import probe
+
+    seen = []
+
+    def rate(weights, kernel, repeats):
+        seen.append((kernel, [tuple(w.shape) for w in weights]))
+        return 7.0 if kernel == "F.linear" else 5.0
+
+    monkeypatch.setattr(probe, "_gemv_rate", rate)
+    monkeypatch.setattr(probe, "_kv_read_rate", lambda total, repeats: 1.0)
+    sizes = dataclasses.replace(probe.ProbeSizes.quick(), rotate_bytes=3 * 2 * (96 * 32 + 32 * 48),
+                                gemv_shapes=((96, 32), (32, 48)))
+    rates = probe.measure_rates(sizes, use_gpu=False)
+    assert rates["cpu_ddr_read_gb_per_s"] == 7.0  # the faster kernel's
+    assert seen == [(kernel, [(96, 32), (32, 48)] * 3) for kernel in ("F.linear", "torch.mv")]
+
+
+def test_the_gemv_rate_reads_each_shape_with_its_own_input():
+    """Matrices of different widths in one rotation each get an input of their width (the real `_gemv_rate`)."""
+    import torch
+
+    from liac import probe
+
+    weights = [torch.zeros(8, 4, dtype=torch.bfloat16), torch.zeros(4, 6, dtype=torch.bfloat16)]
+    for kernel in ("F.linear", "torch.mv"):
+        assert probe._gemv_rate(weights, kernel, 1) > 0

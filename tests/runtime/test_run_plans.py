@@ -142,6 +142,17 @@ def test_runs_that_would_end_past_the_deadline_are_skipped(tmp_path):
     assert all(r["skipped"].startswith("out of time") for r in results["runs"])
 
 
+def test_a_run_may_have_its_own_cpu_thread_count(tmp_path):
+    """`RunSpec.threads`: torch's intra-op threads for that run (recorded as its `cpu_threads`), given back after."""
+    path = _write(tmp_path, "gpu")
+    before = torch.get_num_threads()
+    results = run_plans([RunSpec(path, threads=1), RunSpec(path)], seed=0, emulate_gpu=True, profile_steps=0,
+                        log=lambda line: None)
+    assert [r["cpu_threads"] for r in results["runs"]] == [1, before]
+    assert results["runs"][0]["metrics"]["backend"]["cpu_threads"] == 1
+    assert torch.get_num_threads() == before
+
+
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys):
     other = ModelConfig(**{**dataclasses.asdict(TINY), "name": "tiny-opt-2", "hidden_size": 64,
                            "head_dim": 64 // TINY.num_heads})
