@@ -506,11 +506,15 @@ class MoeBench:
             if ours and result.get("decode_ms_per_token"):
                 line["liac_optimal_decode_speedup"] = round(result["decode_ms_per_token"]
                                                             / ours["decode_ms_per_token"], 2)
+            if result.get("decode_ms_per_token"):  # every liac run at the peer's batch (threads variants too)
+                line["liac_decode_speedup"] = {
+                    r["contender"]: round(result["decode_ms_per_token"] / r["measured"]["decode_ms_per_token"], 2)
+                    for r in rows if r["batch"] == peer["batch"] and (r["measured"] or {}).get("decode_ms_per_token")}
             versus.append(line)
             print(f"{peer['peer']:>17} {peer['batch']:>5} | {result.get('prefill_ms') or float('nan'):10.1f} "
                   f"{'':>8} {'':>8} | {result.get('decode_ms_per_token') or float('nan'):13.1f} {'':>8} {'':>8} | "
-                  + (f"liac optimum {line['liac_optimal_decode_speedup']:.1f}x faster"
-                     if "liac_optimal_decode_speedup" in line else str(line["error"])))
+                  + ("liac " + ", ".join(f"{c} {x:.1f}x" for c, x in line["liac_decode_speedup"].items())
+                     + " faster" if line.get("liac_decode_speedup") else str(line["error"])))
         self.summary["peers"] = versus
 
 

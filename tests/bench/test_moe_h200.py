@@ -120,3 +120,26 @@ def test_batch1_experts_model_by_hand():
     # shared: two routed host experts always go one to each device (1.5 s); one routed host expert stays on the CPU
     shared = (21 * 1.5 + 7 * 1) / 28  # C(7, 2) routings hit two host experts, 7 hit the resident one
     assert moe_h200.batch1_experts_ms([(3, 1, 5)], share=True, **args) == pytest.approx(3 * shared * 1e3)
+
+
+def test_table_reads_thread_variants_and_compares_every_run_with_accelerate(tmp_path, capsys):
+    """A `--threads-ab` run ('optimal@15t:b1') gets its own row with its thread count and GPU peak, and every liac
+    run at the peer's batch its speedup over Accelerate."""
+    import json
+
+    bench = _bench(tmp_path)
+    bench.summary["runs_index"] = ["warmup", "optimal:b1", "optimal@15t:b1"]
+    run = {"predicted": {"decode_ms_per_token": 100.0, "prefill_ms": 10.0}, "cpu_threads": 16,
+           "summary": {"decode_ms_per_token": 200.0, "prefill_ms": 20.0}, "gpu": {"peak_footprint_bytes": 3 * 2**30}}
+    fifteen = dict(run, cpu_threads=15, summary={"decode_ms_per_token": 125.0, "prefill_ms": 20.0})
+    (bench.out / "runs.json").write_text(json.dumps({"runs": [run, run, fifteen]}))
+    (bench.out / "peers.json").write_text(json.dumps([{"peer": "accelerate-pinned", "batch": 1,
+                                                       "result": {"decode_ms_per_token": 1000.0}}]))
+    bench.table()
+    rows = bench.summary["table"]
+    assert [(r["contender"], r["cpu_threads"], r["gpu_peak_gib"]) for r in rows] == \
+        [("optimal", 16, 3.0), ("optimal@15t", 15, 3.0)]
+    (peer,) = bench.summary["peers"]
+    assert peer["liac_optimal_decode_speedup"] == 5.0
+    assert peer["liac_decode_speedup"] == {"optimal": 5.0, "optimal@15t": 8.0}
+    assert "optimal@15t 8.0x" in capsys.readouterr().out
