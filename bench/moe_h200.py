@@ -14,8 +14,9 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
   1. footprint  the GPU footprint of this process (bench/h200.py `measure_call_footprint`, the stage `liac profile`
                 and bench/h200.py run: CUDA context, library workspaces, the activation factor of small runs, here
                 with a small Mixtral among the probes) → summary.json 'footprint' and its fields in run-profile.yaml
-  2. rates      liac.probe.measure_rates (≈10 s): CPU GEMV, KV read, pinned H2D/D2H, DDR shared → rates.json and
-                run-profile.yaml: the shipped h200-amx16 profile with what stages 1 and 2 measured
+  2. rates      liac.probe.measure_rates (≈10 s): CPU GEMV (on one expert's own matrices, [2F, D] and [D, F]: the
+                kernel the CPU experts run), KV read, pinned H2D/D2H, DDR shared → rates.json and run-profile.yaml:
+                the shipped h200-amx16 profile with what stages 1 and 2 measured
   3. compile    per contender, one plan per batch (prompt --prompt-len, --gen-len new tokens) for the GPU budget,
                 for run-profile.yaml: 'optimal' (liac's ILP: experts resident / on the CPU / streamed by count,
                 splits allowed), 'experts-cpu' (KTransformers' and llama.cpp --n-cpu-moe's placement: the experts
@@ -34,6 +35,8 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
                 CPU weights at --peer-batches, then (time allowing) its default pageable weights at batch 1 →
                 peers.json
   7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json
+`--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
+`--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15.
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
