@@ -47,8 +47,8 @@ __all__ = [
     "LAYER_CLASSES", "PHASES", "MAX_BATCH", "MAX_TOKENS", "MAX_BYTES", "MAX_WEIGHT", "MAX_LAYERS",
     "MAX_PREFETCH_DEPTH",
     "ModelSpec", "HardwareSpec", "Workload", "Budgets", "TierBytes", "Execution", "ExpertPlacement",
-    "SublayerPlacement", "LayerGroup", "EXPERT_SLOTS", "expert_placement", "expert_tier_counts", "experts_permille",
-    "experts_from_permille",
+    "SublayerPlacement", "LayerGroup", "EXPERT_SLOTS", "expert_block_rows", "expert_placement", "expert_tier_counts",
+    "experts_permille", "experts_from_permille",
     "PlanSpec", "SolverReport", "SublayerTime", "TierUsage", "Predicted", "PlanStatus", "Metadata", "OffloadPlan",
     "ComputePlacement", "GroupPlacement", "ServingBatch", "Serving", "ServingBatchStatus", "ServingStatus",
     "load_plan", "parse_plan", "dump_plan", "plan_to_yaml", "plan_json_schema", "check_semantics", "placement_of",
@@ -79,6 +79,14 @@ MAX_PREFETCH_DEPTH = 64
 # Routed experts streamed to the GPU pass through this many slots of one expert each, in the staging buffer of their
 # layer after its other streamed tensors: the copy of the next routed expert overlaps the compute of the current one.
 EXPERT_SLOTS = 2
+
+
+def expert_block_rows(tokens: int, top_k: int, num_experts: int) -> int:
+    """The most tokens one expert computes at once where memory is budgeted (the GPU): a step's tokens·k assignments
+    spread evenly over the experts, ⌈n·k / E⌉ rows, what the cost model prices an expert's intermediates at (Eq. 14,
+    passes/costs.py `experts_transient_bytes`). The runtime computes an expert routed more tokens in blocks of this
+    many (liac.models.mixtral `experts_partial`)."""
+    return max(1, -(-tokens * top_k // num_experts))
 
 
 @dataclass(frozen=True)

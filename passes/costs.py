@@ -35,8 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from liac.ir import Sublayer, SublayerGraph, phase_point, require_stage
-from liac.models.mixtral import expert_block_rows
-from liac.plan import PHASES, TIERS
+from liac.plan import PHASES, TIERS, expert_block_rows
 from liac.profile import HardwareProfile
 from liac.schema_tools import from_data, to_data
 from liac.sizes import GB, MIB

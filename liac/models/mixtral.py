@@ -17,6 +17,7 @@ from torch import nn
 
 from liac.models.config import ModelConfig
 from liac.models.layers import QKV, Attention, ResidualLinear, Transformer, make_norm
+from liac.plan import expert_block_rows
 
 __all__ = ["Router", "Experts", "Routing", "expert_ffn", "group_by_expert", "experts_partial", "expert_block_rows",
            "MixtralLayer", "build", "hf_weight_names"]
@@ -96,13 +97,6 @@ def group_by_expert(index: torch.Tensor, weights: torch.Tensor, counts: list[int
     for count in counts:
         offsets.append(offsets[-1] + count)
     return Routing(order // index.shape[-1], weights.reshape(-1)[order], tuple(offsets))
-
-
-def expert_block_rows(tokens: int, top_k: int, num_experts: int) -> int:
-    """The most tokens one expert computes at once where memory is budgeted (the GPU): a step's tokens·k assignments
-    spread evenly over the experts, ⌈n·k / E⌉ rows, what the cost model prices an expert's intermediates at (Eq. 14,
-    passes/costs.py `experts_transient_bytes`). An expert routed more tokens computes them in blocks of this many."""
-    return max(1, -(-tokens * top_k // num_experts))
 
 
 def experts_partial(h: torch.Tensor, routing: Routing, experts: Iterable[tuple[int, torch.Tensor, torch.Tensor]],
