@@ -316,21 +316,25 @@ def measure_call_footprint(base_profile, models=None, measure=None) -> dict:
     (plans of small models; `models` replaces its FOOTPRINT_MODELS) through the runtime on this GPU
     (runtime/footprint.py `measure_footprint`, or `measure`) → {library_bytes, context_bytes, runs: [...],
     profile_fields: the Eq. 14 fields of `base_profile` (a path or a HardwareProfile) with what was measured}."""
-    from liac.host import footprint_probes, with_footprint
+    from liac.host import FOOTPRINT_MODELS, footprint_probes, op_probes, with_footprint
     from liac.profile import HardwareProfile, resolve_profile
 
     if measure is None:
         from liac.runtime.footprint import measure_footprint as measure
     base = base_profile if isinstance(base_profile, HardwareProfile) else resolve_profile(str(base_profile))
-    probes = footprint_probes(base) if models is None else footprint_probes(base, models)
+    models = FOOTPRINT_MODELS if models is None else models
+    # op_probes: Eq. 24's runs that cross PCIe in every layer (dense models: LIA's policies have no experts)
+    probes = footprint_probes(base, models) + op_probes(base, tuple(m for m in models if not m.num_experts))
     measured = measure([(p.plan, p.batch, p.prompt_len) for p in probes])
-    profile = with_footprint(base, probes, measured.library_bytes, measured.context_bytes, measured.activation_bytes)
+    profile = with_footprint(base, probes, measured.library_bytes, measured.context_bytes, measured.activation_bytes,
+                             getattr(measured, "decode_step_seconds", ()))
     return {"library_bytes": measured.library_bytes, "context_bytes": measured.context_bytes,
             "runs": [{"plan": p.plan.metadata.name, "batch": p.batch, "prompt_len": p.prompt_len,
                       "modelled_activation_bytes": p.activation_bytes, "measured_activation_bytes": m}
                      for p, m in zip(probes, measured.activation_bytes)],
+            "decode_step_seconds": list(getattr(measured, "decode_step_seconds", ())),
             "profile_fields": {f: getattr(profile, f) for f in ("gpu_context_mib", "gpu_library_workspace_mib",
-                                                                "gpu_activation_factor")}}
+                                                                "gpu_activation_factor", "runtime_op_seconds")}}
 
 
 def update_run_profile(path: Path, base: Path | str, fields: dict, source: str, name: str = "h200-run") -> None:

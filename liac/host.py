@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from liac.sizes import GIB, MIB
 
 __all__ = ["CpuIsa", "DEFAULT_BASE", "cpu_isa", "isa_from_flags", "cpu_name", "profile_from_measurements",
            "measure_profile", "write_profile", "host_profile", "first_use_sizes", "FootprintProbe",
-           "footprint_probes", "with_footprint", "FOOTPRINT_MODELS", "FOOTPRINT_POINTS", "FOOTPRINT_POLICIES"]
+           "footprint_probes", "op_probes", "with_footprint", "runtime_op_seconds", "FOOTPRINT_MODELS", "FOOTPRINT_POINTS", "FOOTPRINT_POLICIES"]
 
 DEFAULT_BASE = "h200-amx16"  # what this host cannot measure (GPU numbers without CUDA, CXL, reserves) comes from it
 
@@ -262,10 +263,53 @@ def footprint_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FO
     return probes
 
 
+def runtime_op_seconds(profile: HardwareProfile, probes: list[FootprintProbe],
+                       decode_step_seconds: tuple[float, ...]) -> tuple[float, int]:
+    """Eq. 24's `runtime_op_seconds` from the footprint probes' timed decode steps: over the probes whose decode
+    computes on both devices (their activations cross PCIe, as an offloading plan's do; the all-GPU probes never
+    synchronise with the host), the median of (measured step − the step priced without it) / the ops the runtime
+    runs per step (a unit one, a split unit `SPLIT_OPS`). Returns (seconds, probes used); (0.0, 0) when none."""
+    from liac.passes.price import SPLIT_OPS, price_plan  # late import: the cost model only when measuring a GPU
+
+    bare = dataclasses.replace(profile, runtime_op_seconds=0.0)
+    per_op = []
+    for probe, measured in zip(probes, decode_step_seconds):
+        plan = probe.plan
+        devices = {s.decode for g in plan.spec.layer_groups for s in g.sublayers}
+        if not ({"cpu", "split"} & devices and {"gpu", "split"} & devices):
+            continue
+        ops = sum(g.layer_count * sum(SPLIT_OPS if s.decode == "split" else 1 for s in g.sublayers)
+                  for g in plan.spec.layer_groups)
+        priced = price_plan(plan, hw=bare).decode_seconds_per_token
+        per_op.append(max(0.0, (measured - priced) / ops))
+    if not per_op:
+        return 0.0, 0
+    return float(statistics.median(per_op)), len(per_op)
+
+
+def op_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FOOTPRINT_MODELS) -> list[FootprintProbe]:
+    """Plans of the small models that cross PCIe in every layer, for `runtime_op_seconds` (Eq. 24): LIA's partial
+    policy (attention on the CPU over a DDR cache) with no resident layers, so each layer streams its weights and
+    hands its activations between the devices as an offloading plan does. Batch 4, prompt 32."""
+    from liac.api import compile_plans
+    from liac.passes.costs import Workload, class_activation_peak
+    from liac.passes.trace import trace_model
+
+    probes = []
+    for cfg in models:
+        graph = trace_model(cfg)
+        modelled = class_activation_peak(graph, "decoder", Workload(4, 32, 2))
+        result = compile_plans(cfg, base, batches=(4,), prompt_len=32, gen_len=2, gpu_mem=8 * GIB,
+                               policy="lia-partial", resident_layers=False, graph=graph)
+        probes.extend(FootprintProbe(point.plan, 4, 32, int(modelled)) for point in result.points)
+    return probes
+
+
 def with_footprint(profile: HardwareProfile, probes: list[FootprintProbe], library_bytes: int, context_bytes: int,
-                   activation_bytes: tuple[int, ...]) -> HardwareProfile:
+                   activation_bytes: tuple[int, ...], decode_step_seconds: tuple[float, ...] = ()) -> HardwareProfile:
     """The profile with the footprint fields measured on this GPU (`runtime.footprint.measure_footprint`): the
-    activation factor is the largest measured-over-modelled ratio of the probes, never below 1."""
+    activation factor is the largest measured-over-modelled ratio of the probes, never below 1; with the probes'
+    timed decode steps, also `runtime_op_seconds` (`runtime_op_seconds`, Eq. 24)."""
     ratios = [measured / probe.activation_bytes for probe, measured in zip(probes, activation_bytes)
               if probe.activation_bytes > 0]
     factor = max([1.0, *ratios])
@@ -279,6 +323,14 @@ def with_footprint(profile: HardwareProfile, probes: list[FootprintProbe], libra
                                         f"Eq. 14's model (" + ", ".join(f"{r:.2f}" for r in ratios) + ")")
     estimates = tuple(sorted(set(profile.estimates) - {"gpu_context_mib", "gpu_library_workspace_mib",
                                                         "gpu_activation_factor"}))
-    return dataclasses.replace(profile, gpu_context_mib=stable_float(context_bytes / MIB + CONTEXT_MARGIN_MIB, 4),
-                               gpu_library_workspace_mib=stable_float(library_bytes / MIB, 4),
-                               gpu_activation_factor=stable_float(factor, 4), sources=sources, estimates=estimates)
+    profile = dataclasses.replace(profile, gpu_context_mib=stable_float(context_bytes / MIB + CONTEXT_MARGIN_MIB, 4),
+                                  gpu_library_workspace_mib=stable_float(library_bytes / MIB, 4),
+                                  gpu_activation_factor=stable_float(factor, 4), sources=sources, estimates=estimates)
+    op_seconds, used = runtime_op_seconds(profile, probes, decode_step_seconds)
+    if used:
+        sources = dict(profile.sources)
+        sources["runtime_op_seconds"] = (f"{how}: the median over {used} small runs of the runtime that cross PCIe of "
+                                         "(decode step − its price without it) / ops per step (Eq. 24)")
+        profile = dataclasses.replace(profile, runtime_op_seconds=stable_float(op_seconds, 4), sources=sources,
+                                      estimates=tuple(e for e in profile.estimates if e != "runtime_op_seconds"))
+    return profile

@@ -105,6 +105,11 @@ class HardwareProfile:
     gpu_activation_factor: float = spec_field("the runtime's GPU activation peak (allocator reserved bytes) over "
                                               "the cost model's live-set model of it (Eq. 14): allocator rounding "
                                               "and what the model does not see", minimum=1, default=1.25)
+    runtime_op_seconds: float = spec_field("the runtime's host time per unit it runs, beyond the unit's kernels "
+                                           "(Python dispatch, its activation moves and their synchronisation), "
+                                           "measured on the runtime itself (docs/cost-model.md Eq. 24); a split "
+                                           "unit costs SPLIT_OPS of them; 0: not measured, not priced", minimum=0,
+                                           default=0.0)
 
     def cpu_tflops_at(self, m: float) -> float:
         """AMX bf16 TFLOP/s for a GEMM of `m` rows: piecewise linear in log M between the curve's points."""
@@ -178,13 +183,13 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "cxl_latency_ns": (0.0, 1e6), "pcie_h2d_gb_per_s": _RATE, "pcie_d2h_gb_per_s": _RATE,
            "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
-           "gpu_activation_factor": (1.0, 1e3)}
+           "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
-                    "cpu_attention_bf16_tflops")
+                    "cpu_attention_bf16_tflops", "runtime_op_seconds")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:

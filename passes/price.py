@@ -41,10 +41,17 @@ from liac.plan import (EXPERT_SLOTS, HOST_TIERS, PHASES, TIERS, LayerGroup, Offl
 from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
-__all__ = ["LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
+__all__ = ["SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
            "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
+
+
+# Eq. 24: the ops the runtime dispatches for a split unit (its GPU part, its CPU part and their join), each costing
+# the profile's `runtime_op_seconds` of host time; a whole unit is one op. On the H200 (2026-12-02, call 4's profiled
+# decode steps) a split took 0.57-1.2 ms beyond its slower part and a GPU unit 0.17-0.31 ms beyond its kernel:
+# 2.2-3.9 ops' worth per split (docs/benchmarks.md, "Where the decode time goes").
+SPLIT_OPS = 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,21 +264,23 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
     ok = np.ones(permille.size, dtype=bool)
     grid = {p: k for k, p in enumerate(costs.split_permille)}
+    op = costs.runtime_op_seconds  # Eq. 24: the runtime's host time per unit it runs, on the chain
     for option, value in enumerate(permille):
         if value == 0:
-            out["compute"][option] = unit.gpu_seconds
+            out["compute"][option] = np.asarray(unit.gpu_seconds) + op
             out["stream"][option] = unit.stream_bytes
         elif value == 1000:
-            out["compute"][option] = out["cpu"][option] = unit.cpu_seconds[tier_index]
+            out["cpu"][option] = unit.cpu_seconds[tier_index]
+            out["compute"][option] = np.asarray(unit.cpu_seconds[tier_index]) + op
             out["beside"][option] = unit.cpu_beside_bytes[tier_index]
             out["read"][option] = unit.cpu_read_bytes
             ok[option] = tier != "hbm" or unit.cpu_allows_hbm
         elif unit.can_split and int(value) in grid:
             k = grid[int(value)]
-            # Eq. 15: both parts run at once; the unit is done when the slower one is, and the hand-off of the CPU
-            # part to the worker thread and the join cost the sync on top
+            # Eq. 15: both parts run at once; the unit is done when the slower one is, and the join costs the sync
+            # on top; the runtime dispatches its GPU part, its CPU part and the join: SPLIT_OPS ops (Eq. 24)
             out["compute"][option] = (np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
-                                      + costs.split_sync_seconds)
+                                      + costs.split_sync_seconds + SPLIT_OPS * op)
             out["cpu"][option] = unit.split_cpu_seconds[k][tier_index]
             out["beside"][option] = unit.split_cpu_beside_bytes[k][tier_index]
             out["stream"][option] = unit.split_stream_bytes[k]
@@ -316,7 +325,8 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             out["stream"][option] = streamed * one_expert
             out["staged"][option] = min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes
         both = cpu_count > 0 and gpu_count > 0
-        out["compute"][option] = np.maximum(cpu, gpu_side) + (costs.split_sync_seconds if both else 0.0)
+        out["compute"][option] = (np.maximum(cpu, gpu_side) + (costs.split_sync_seconds if both else 0.0)
+                                  + (SPLIT_OPS if both else 1) * costs.runtime_op_seconds)  # Eq. 24
         out["cpu"][option] = cpu
         if cpu_count:
             out["beside"][option] = unit.expert_cpu_beside_bytes[cpu_count][tier_index]

@@ -4,6 +4,7 @@ activation peak of real runs.
 
     numbers = measure_footprint([(plan, batch, prompt_len), ...])   # on a CUDA host
     numbers.library_bytes, numbers.context_bytes, numbers.activation_bytes   # one per run
+    numbers.decode_step_seconds                                               # one per run (Eq. 24)
 
 Each run builds an engine over seeded random weights without reserving its workspace or capping the allocator
 (`enforce_budget=False`), then measures the allocator's reserved peak of one generate beyond what it held before:
@@ -28,6 +29,8 @@ class Footprint:
     library_bytes: int  # cuBLAS / cuBLASLt workspaces, held by the caching allocator once the first GEMMs ran
     context_bytes: int  # outside the allocator, after every run (their kernels loaded)
     activation_bytes: tuple[int, ...]  # per run: reserved peak of one generate beyond the engine's arena
+    decode_step_seconds: tuple[float, ...] = ()  # per run: one decode step's wall time (the runtime's per-unit
+    # host time, docs/cost-model.md Eq. 24: the models are small, so their kernels take little of it)
 
 
 def library_workspace_bytes(backend: CudaBackend) -> int:
@@ -44,14 +47,18 @@ def library_workspace_bytes(backend: CudaBackend) -> int:
     return max(0, torch.cuda.memory_allocated(device) - before)
 
 
+DECODE_STEPS = 8  # decode steps timed per run for `Footprint.decode_step_seconds`
+
+
 def measure_footprint(runs, new_tokens: int = 2) -> Footprint:
-    """`runs`: (plan, batch, prompt_len) triples of plans whose GPU tiers fit this GPU."""
+    """`runs`: (plan, batch, prompt_len) triples of plans whose GPU tiers fit this GPU. After the measured generate,
+    one more of `DECODE_STEPS` + 1 tokens on a short prompt times the decode steps (`decode_step_seconds`)."""
     backend = make_backend(False)
     if not isinstance(backend, CudaBackend):
         raise RuntimeError("measuring the GPU footprint needs CUDA")
     device = backend.devices["gpu"]
     library = library_workspace_bytes(backend)
-    peaks = []
+    peaks, steps = [], []
     for plan, batch, prompt_len in runs:
         ids = torch.randint(0, plan.model_config.vocab_size, (batch, prompt_len),
                             generator=torch.Generator().manual_seed(0))
@@ -65,4 +72,6 @@ def measure_footprint(runs, new_tokens: int = 2) -> Footprint:
             engine.generate(ids, new_tokens)
             torch.cuda.synchronize(device)
             peaks.append(max(0, torch.cuda.max_memory_reserved(device) - held))
-    return Footprint(library, backend.gpu_context_bytes(), tuple(peaks))
+            timed = engine.generate(ids[:, :8], DECODE_STEPS + 1)
+            steps.append(timed.decode_seconds / DECODE_STEPS)
+    return Footprint(library, backend.gpu_context_bytes(), tuple(peaks), tuple(steps))

@@ -109,7 +109,7 @@ def test_budgets_are_capacity_minus_reserve():
     (lambda d: d.update(gpu_hbm_gib=-1.0), "gpu_hbm_gib", "at least 0"),
     (lambda d: d["cpu_amx_bf16_tflops"].reverse(), "cpu_amx_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d["sources"].pop("cpu_kv_read_gb_per_s"), "sources", "'cpu_kv_read_gb_per_s'"),
-    (lambda d: d["estimates"].append("speed"), "estimates[16]", "unknown field 'speed'"),
+    (lambda d: d["estimates"].append("speed"), "estimates[17]", "unknown field 'speed'"),
     (lambda d: d.update(cpu_attention_bf16_tflops=[{"m": 128, "tflops": 1.0}, {"m": 16, "tflops": 0.5}]),
      "cpu_attention_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d.update(gpu_activation_factor=0.8), "gpu_activation_factor", "at least 1"),
@@ -163,3 +163,34 @@ def test_the_measured_footprint_goes_into_the_profile_with_a_context_margin():
     assert (profile.gpu_library_workspace_mib, profile.gpu_activation_factor) == (33.0, 1.1)
     assert not {"gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor"} & set(profile.estimates)
     assert with_footprint(base, probes, 0, 0, (50 * MIB, 60 * MIB)).gpu_activation_factor == 1.0
+
+
+def test_runtime_op_seconds_from_the_probes_timed_decode_steps():
+    """Eq. 24's field from the footprint probes' decode steps (liac.host.runtime_op_seconds): per probe that
+    crosses PCIe, (measured step − its price without the term) / ops per step; the all-GPU probe is not used."""
+    import dataclasses
+
+    from liac.api import compile_plans
+    from liac.host import FOOTPRINT_MODELS, FootprintProbe, op_probes, runtime_op_seconds, with_footprint
+    from liac.passes.price import price_plan
+    from liac.sizes import GIB
+
+    base = resolve_profile("h200-measured")
+    cfg = FOOTPRINT_MODELS[0]  # probe-opt: 2 decoder layers of 6 units, an embedding and an LM head
+    (crossing,) = op_probes(base, (cfg,))
+    devices = {s.decode for g in crossing.plan.spec.layer_groups for s in g.sublayers}
+    assert devices == {"cpu", "gpu"}  # attention on the CPU, the rest streamed to the GPU
+    plans = {"lia-partial": crossing.plan,
+             "lia-gpu": compile_plans(cfg, base, batches=(32,), prompt_len=32, gen_len=2, gpu_mem=8 * GIB,
+                                      policy="lia-gpu").points[0].plan}
+    probes = [crossing, FootprintProbe(plans["lia-gpu"], 32, 32, 1)]
+    bare = dataclasses.replace(base, runtime_op_seconds=0.0)
+    priced = price_plan(plans["lia-partial"], hw=bare).decode_seconds_per_token
+    ops = 2 * 6 + 1 + 1
+    measured = (priced + ops * 4e-4, 1.0)  # the all-GPU probe's 1 s step would dominate were it used
+    seconds, used = runtime_op_seconds(base, probes, measured)
+    assert used == 1 and seconds == pytest.approx(4e-4, rel=1e-9)
+    profile = with_footprint(base, probes, 0, 0, (1, 1), measured)
+    assert profile.runtime_op_seconds == pytest.approx(4e-4, rel=1e-3)
+    assert "runtime_op_seconds" not in profile.estimates and "Eq. 24" in profile.sources["runtime_op_seconds"]
+    assert runtime_op_seconds(base, probes[1:], measured[1:]) == (0.0, 0)  # no probe crosses PCIe: not measured

@@ -66,7 +66,8 @@ def run(args) -> int:
               f"GPU {profile.gpu_bf16_tflops:.0f} TFLOP/s, HBM {profile.gpu_hbm_gb_per_s:.0f} GB/s")
         print(f"  GPU footprint: context {profile.gpu_context_mib:.0f} MiB, library workspaces "
               f"{profile.gpu_library_workspace_mib:.0f} MiB, activations {profile.gpu_activation_factor:.2f}x the "
-              f"model (docs/cost-model.md Eq. 14)")
+              f"model (docs/cost-model.md Eq. 14); the runtime's host time {profile.runtime_op_seconds * 1e3:.3f} ms "
+              "per unit (Eq. 24)")
     elif profile.gpu_hbm_gib == 0:
         print("  no GPU on this host: its profile has no GPU memory, so plans for it run on the CPU")
     return 0
@@ -74,10 +75,11 @@ def run(args) -> int:
 
 def _with_gpu_footprint(profile):
     """Run small plans through the runtime on this GPU (liac/host.py `footprint_probes`) and measure what the process
-    holds beside a plan's arena (runtime/footprint.py): the footprint fields of Eq. 14."""
+    holds beside a plan's arena (runtime/footprint.py): the footprint fields of Eq. 14, and from the decode steps of
+    those that cross PCIe (`op_probes`) the runtime's host time per unit (Eq. 24)."""
     from liac.runtime.footprint import measure_footprint  # late import: the runtime a command calls
 
-    probes = host.footprint_probes(profile)
+    probes = host.footprint_probes(profile) + host.op_probes(profile)
     measured = measure_footprint([(p.plan, p.batch, p.prompt_len) for p in probes])
     return host.with_footprint(profile, probes, measured.library_bytes, measured.context_bytes,
-                               measured.activation_bytes)
+                               measured.activation_bytes, measured.decode_step_seconds)

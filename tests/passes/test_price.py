@@ -15,7 +15,8 @@ from liac.api import compile_plans
 from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
-from liac.passes.price import dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices
+from liac.passes.price import (SPLIT_OPS, dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices,
+                               unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, load_plan
 from liac.profile import profile_names, resolve_profile
@@ -123,6 +124,68 @@ def test_split_layer_time_by_hand():
     assert not layer_time(costs, dec, "decode", tiers_hbm, np.array([permille])).valid[0]
     with pytest.raises(ValueError, match="not 500"):
         layer_time(costs, dec, "decode", tiers, np.array([(1000, 1000, 1000, 1000, 500, 0)]))
+
+
+def test_runtime_op_seconds_on_the_chain_by_hand():
+    """Eq. 24: every unit the runtime runs adds the profile's `runtime_op_seconds` to the chain, a split unit
+    SPLIT_OPS of them; none of it reads DDR, so the CPU's compute time (Eq. 18's T_cpu) is unchanged.
+    CCCC[S]G with fc1 split 60 % on the CPU, everything in DDR, summed by hand as in the test above."""
+    op = 3e-4
+    hw = dataclasses.replace(HW, runtime_op_seconds=op)
+    costs = annotate_costs(hand_graph(TINY), hw, Workload(4, 8, 4), BUDGETS, split_permille=(600,))
+    assert costs.runtime_op_seconds == op and SPLIT_OPS == 3
+    dec = costs.layer_class("decoder")
+    tiers = ("ddr",) * 6
+    permille = (1000, 1000, 1000, 1000, 600, 0)
+    priced = layer_time(costs, dec, "decode", tiers, np.array([permille]))
+    pc, lat = dec.decode, HW.pcie_latency_seconds
+    idx = {name: i for i, name in enumerate(dec.units)}
+
+    def edge(a, b):
+        return next(e for e in pc.edges if (e.src, e.dst) == (idx[a], idx[b]))
+
+    total = chains = 0.0
+    for t in range(pc.steps):
+        u = pc.units
+        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t]) + HW.split_sync_seconds + 3 * op
+        chain = sum(u[i].cpu_seconds[1][t] + op for i in range(4)) + fc1 + u[5].gpu_seconds[t] + op
+        cpu = sum(u[i].cpu_seconds[1][t] for i in range(4)) + u[4].split_cpu_seconds[0][1][t]
+        beside = sum(u[i].cpu_beside_bytes[1][t] for i in range(4)) + u[4].split_cpu_beside_bytes[0][1][t]
+        chain += edge("out_proj", "fc1").h2d_seconds[t]
+        chain += 0.6 * (edge("fc1", "fc2").h2d_seconds[t] - lat) + lat
+        chain += edge("out_proj", "fc2").h2d_seconds[t]
+        chain += edge("fc2", "qkv").d2h_seconds[t] + edge("fc2", "out_proj").d2h_seconds[t]
+        stream = u[4].split_stream_bytes[0][t] + u[5].stream_bytes[t]
+        cpu_read = sum(u[i].cpu_read_bytes[t] for i in range(4)) + u[4].split_cpu_read_bytes[0][t]
+        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
+                     by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+        chains += chain
+    assert priced.seconds[0] == pytest.approx(total, rel=1e-12)
+    assert priced.chain_seconds[0] == pytest.approx(chains, rel=1e-12)
+    # a layer whose weights and cache sit in HBM runs on the GPU alone, bound by its chain: 6 ops more per step
+    resident = ("hbm",) * 6
+    without = layer_time(costs_for(4, 8, 4), costs_for(4, 8, 4).layer_class("decoder"), "decode", resident,
+                         np.array([(0,) * 6]))
+    with_ops = layer_time(costs, dec, "decode", resident, np.array([(0,) * 6]))
+    assert with_ops.seconds[0] - without.seconds[0] == pytest.approx(pc.steps * 6 * op, rel=1e-9)
+    # the explain table's per-unit compute carries it too: one op per whole unit, three for the split
+    units = {u.name: u for u in unit_times(costs, dec, "decode", tiers, permille)}
+    bare = {u.name: u for u in unit_times(annotate_costs(hand_graph(TINY), HW, Workload(4, 8, 4), BUDGETS,
+                                                         split_permille=(600,)), dec, "decode", tiers, permille)}
+    assert units["qkv"].compute_seconds - bare["qkv"].compute_seconds == pytest.approx(op, rel=1e-9)
+    assert units["fc1"].compute_seconds - bare["fc1"].compute_seconds == pytest.approx(3 * op, rel=1e-9)
+
+
+def test_a_profile_without_runtime_op_seconds_prices_as_before():
+    """Profiles written before Eq. 24 load with 0 (listed as an estimate) and price exactly as they did."""
+    assert HW.runtime_op_seconds == 0.0 and "runtime_op_seconds" in HW.estimates
+    bare = costs_for(batch=4)
+    dec = bare.layer_class("decoder")
+    placement = np.array([(1000, 1000, 1000, 0, 0, 0)])
+    a = layer_time(bare, dec, "decode", ("ddr",) * 6, placement).seconds[0]
+    b = layer_time(costs_for(batch=4, hw=dataclasses.replace(HW, runtime_op_seconds=0.0)), dec, "decode",
+                   ("ddr",) * 6, placement).seconds[0]
+    assert a == b
 
 
 def test_dma_beside_the_cpu_closed_forms():

@@ -1,0 +1,200 @@
+"""Re-price the plans a device call ran with a profile (today's cost model), beside what the call measured.
+
+    python bench/reprice.py bench/results/h200-2026-12-02/i12-release            # the call's plans, its profile
+    python bench/reprice.py CALL --profile my.yaml --set runtime_op_seconds=0.0003
+    python bench/reprice.py CALL --op-seconds-from-runs --recompile 1,8,32,64
+
+CALL is a result folder of bench/h200.py (runs.json, run-profile.yaml, plans.tgz or plans.tar.gz). Each run's plan is
+priced with `liac.passes.price.price_plan` under the profile (default: the call's run-profile.yaml) and printed
+beside the plan's own prediction (the cost model it was compiled with) and the run's measured decode ms/token and
+first prefill ms; `error` is repriced / measured − 1.
+
+--op-seconds-from-runs sets the profile's `runtime_op_seconds` (docs/cost-model.md Eq. 24) for a call whose
+footprint stage did not measure it: the median, over the GPU units whose input crosses PCIe in the runs'
+synchronised per-op decode step (`lia-run --profile-steps`), of measured − predicted (compute + transfers) ms, i.e.
+the host time a unit costs beyond its kernels when it synchronises with the other device, as most units of an
+offloading plan do (each such op also pays the profiling pass's two synchronisations: a slight overestimate). The
+footprint stage measures the same on small runs that cross PCIe (liac.host.runtime_op_seconds).
+
+--recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget, prompt and
+generation length) and prints what the ILP picks: its split units per decode step and its predicted decode.
+No GPU is needed; prints a table, writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "main"]
+
+
+def load_call_plans(folder: Path) -> dict[str, object]:
+    """Plan name → OffloadPlan, from the call's plans archive (plans.tgz or plans.tar.gz) or a plans/ folder."""
+    from liac.plan import parse_plan
+
+    plans = {}
+    archive = next((folder / n for n in ("plans.tgz", "plans.tar.gz") if (folder / n).is_file()), None)
+    if archive is not None:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.name.endswith(".yaml") and not member.name.endswith("index.yaml"):
+                    text = tar.extractfile(member).read().decode()
+                    plan = parse_plan(_yaml(text, member.name), member.name)
+                    plans[plan.metadata.name] = plan
+    else:
+        for path in sorted((folder / "plans").rglob("*.yaml")):
+            if path.name != "index.yaml":
+                plan = parse_plan(_yaml(path.read_text(), str(path)), str(path))
+                plans[plan.metadata.name] = plan
+    return plans
+
+
+def _yaml(text: str, source: str):
+    from liac.fileio import parse_yaml
+
+    return parse_yaml(text, source)
+
+
+def op_seconds_from_runs(runs: list[dict]) -> tuple[float, int]:
+    """(seconds, samples): the median of measured − predicted over the GPU units whose input crosses PCIe in the
+    runs' profiled decode steps (runs.json `metrics.sublayers`; the staging 'wait' and 'release' ops and the
+    embedding excluded)."""
+    excess = []
+    for run in runs:
+        for entry in (run.get("metrics") or {}).get("sublayers", []):
+            if entry.get("phase") != "decode" or entry.get("device") != "gpu" or entry.get("predicted_ms") is None:
+                continue
+            if entry.get("group") in ("embed",) or not entry.get("predicted_transfer_ms"):
+                continue  # a unit whose input crosses PCIe: it synchronises with the other device, as most do
+            predicted = entry["predicted_compute_ms"] + entry["predicted_transfer_ms"]
+            excess.append((entry["measured_ms"] - predicted) / 1e3)
+    if not excess:
+        raise SystemExit("reprice: the runs hold no profiled decode step (run lia-run with --profile-steps 1)")
+    return max(0.0, statistics.median(excess)), len(excess)
+
+
+def reprice(folder: Path, profile, plans: dict) -> list[dict]:
+    """One row per run of the call: measured, the plan's prediction, and the re-priced prediction."""
+    from liac.passes.price import price_plan
+
+    runs = json.loads((folder / "runs.json").read_text())["runs"]
+    rows, graphs = [], {}
+    for run in runs:
+        plan = plans.get(run["plan"])
+        if plan is None:
+            continue
+        key = plan.spec.model.config_sha256
+        if key not in graphs:
+            from liac.passes.trace import trace_model
+
+            graphs[key] = trace_model(plan.model_config)
+        price = price_plan(plan, hw=profile, graph=graphs[key])
+        splits = sum(g.layer_count for g in plan.spec.layer_groups for s in g.sublayers if s.decode == "split")
+        summary = run.get("summary") or {}
+        rows.append({"plan": run["plan"], "batch": plan.spec.workload.batch_size, "splits": splits,
+                     "measured_decode_ms": summary.get("decode_ms_per_token"),
+                     "planned_decode_ms": run["predicted"]["decode_ms_per_token"],
+                     "repriced_decode_ms": price.decode_seconds_per_token * 1e3,
+                     "measured_prefill_ms": summary.get("prefill_ms"),
+                     "planned_prefill_ms": run["predicted"]["prefill_ms"],
+                     "repriced_prefill_ms": price.prefill_seconds * 1e3})
+    return rows
+
+
+def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[dict]:
+    from liac.api import compile_plans
+
+    sample = next(iter(plans.values()))
+    spec = sample.spec
+    result = compile_plans(sample.model_config, profile, batches=tuple(batches), prompt_len=spec.workload.prompt_len,
+                           gen_len=spec.workload.gen_len, gpu_mem=spec.budgets.gpu_bytes,
+                           cpu_mem=spec.budgets.cpu_bytes)
+    out = []
+    for point in result.points:
+        plan = point.plan
+        splits = [(g.name, g.layer_count, s.name, s.decode_cpu_permille) for g in plan.spec.layer_groups
+                  for s in g.sublayers if s.decode == "split"]
+        out.append({"batch": plan.spec.workload.batch_size,
+                    "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
+                    "split_units": sum(n for _, n, _, _ in splits),
+                    "splits": ", ".join(f"{g}×{n} {u}@{p}‰" for g, n, u, p in splits) or "none"})
+    return out
+
+
+def _number(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIELD=NUMBER, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("call", type=Path, help="a device call's result folder (runs.json, run-profile.yaml, plans)")
+    parser.add_argument("--profile", help="profile to price with (default: the call's run-profile.yaml)")
+    parser.add_argument("--set", type=_number, action="append", default=[], metavar="FIELD=NUMBER",
+                        help="override a numeric profile field (repeatable)")
+    parser.add_argument("--op-seconds-from-runs", action="store_true",
+                        help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
+    parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args(argv)
+
+    from liac.errors import LiacError
+    from liac.profile import parse_profile, resolve_profile
+    from liac.schema_tools import to_data
+
+    try:
+        profile = resolve_profile(args.profile or str(args.call / "run-profile.yaml"))
+        overrides = dict(args.set)
+        runs = json.loads((args.call / "runs.json").read_text())["runs"]
+        notes = []
+        if args.op_seconds_from_runs:
+            seconds, samples = op_seconds_from_runs(runs)
+            overrides.setdefault("runtime_op_seconds", seconds)
+            notes.append(f"runtime_op_seconds = {seconds * 1e3:.3f} ms (median of {samples} profiled GPU units)")
+        if overrides:
+            data = to_data(profile)
+            unknown = sorted(set(overrides) - set(data))
+            if unknown:
+                raise LiacError("--set", f"unknown profile field '{unknown[0]}'")
+            data.update(overrides)
+            data["sources"] = {**data["sources"], **{k: "bench/reprice.py override" for k in overrides}}
+            profile = parse_profile(data, "--set")
+        plans = load_call_plans(args.call)
+        rows = reprice(args.call, profile, plans)
+        picks = _recompile(args.call, profile, plans, [int(b) for b in args.recompile.split(",")]) \
+            if args.recompile else []
+    except LiacError as e:
+        print(f"reprice: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks}, indent=1))
+        return 0
+    for note in notes:
+        print(note)
+    out = io.StringIO()
+    out.write(f"{'plan':44s} {'splits':>6s} {'decode ms/token: measured':>25s} {'planned':>8s} {'repriced':>9s} "
+              f"{'error':>7s} | {'prefill ms: measured':>20s} {'repriced':>9s}\n")
+    for row in rows:
+        error = row["repriced_decode_ms"] / row["measured_decode_ms"] - 1 if row["measured_decode_ms"] else float("nan")
+        out.write(f"{row['plan']:44s} {row['splits']:6d} {row['measured_decode_ms']:25.1f} "
+                  f"{row['planned_decode_ms']:8.1f} {row['repriced_decode_ms']:9.1f} {error:+7.1%} | "
+                  f"{row['measured_prefill_ms']:20.1f} {row['repriced_prefill_ms']:9.1f}\n")
+    for pick in picks:
+        out.write(f"recompiled b{pick['batch']}: decode {pick['decode_ms']:.1f} ms/token predicted, "
+                  f"{pick['split_units']} split units per step ({pick['splits']})\n")
+    print(out.getvalue(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
