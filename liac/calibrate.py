@@ -76,10 +76,11 @@ FACTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "pcie_latency": (("pcie_latency_seconds",), "fixed cost of one PCIe copy"),
     "split_sync": (("split_sync_seconds",), "synchronising a split sublayer's parts (the join and merge)"),
     "cpu_attention": (("cpu_attention_bf16_tflops",), "CPU attention in prefill (every point of its curve)"),
+    "runtime_op": (("runtime_op_seconds",), "the runtime's host time per unit it runs (Eq. 24)"),
 }
 _CURVES = ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops")  # scaled point by point
 _TIME_FIELDS = ("gpu_launch_seconds", "cpu_launch_seconds", "pcie_latency_seconds",
-                "split_sync_seconds")  # a larger factor = slower
+                "split_sync_seconds", "runtime_op_seconds")  # a larger factor = slower
 
 
 @dataclass(frozen=True)

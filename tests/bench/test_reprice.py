@@ -1,0 +1,63 @@
+"""bench/reprice.py: a device call's plans re-priced with a profile, beside what the call measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import reprice
+
+CALL = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200-2026-12-02" / "i12-release"
+
+
+def _unit(group, device, measured, compute, transfer, phase="decode", sublayers=("qkv",)):
+    return {"group": group, "device": device, "phase": phase, "sublayers": list(sublayers), "measured_ms": measured,
+            "predicted_compute_ms": compute, "predicted_transfer_ms": transfer,
+            "predicted_ms": None if compute is None else compute + transfer}
+
+
+def test_op_seconds_from_runs_is_the_median_over_crossing_gpu_units():
+    """Only GPU units whose input crosses PCIe (a predicted transfer) count; CPU units, splits, the staging ops,
+    the embedding and the prefill do not. Excesses 0.2, 0.3, 0.5 ms → median 0.3 ms."""
+    runs = [{"metrics": {"sublayers": [
+        _unit("decoder-0", "gpu", 0.30, 0.08, 0.02),   # 0.2 ms beyond its price
+        _unit("decoder-0", "gpu", 0.60, 0.05, 0.05),   # 0.5
+        _unit("decoder-0", "gpu", 9.00, 0.05, 0.0),    # no crossing: not counted
+        _unit("decoder-0", "cpu", 9.00, 1.0, 0.1),     # a CPU unit: its GEMV rate would blur it
+        _unit("decoder-0", "split", 9.00, 1.0, 0.1),
+        _unit("decoder-0", "gpu", 5.0, None, None, sublayers=("release",)),
+        _unit("embed", "gpu", 5.0, 0.01, 0.01),
+        _unit("decoder-0", "gpu", 5.0, 0.01, 0.01, phase="prefill"),
+    ]}}, {"metrics": {"sublayers": [_unit("decoder-1", "gpu", 0.35, 0.03, 0.02)]}}]  # 0.3
+    seconds, samples = reprice.op_seconds_from_runs(runs)
+    assert samples == 3 and seconds == pytest.approx(3e-4)
+
+
+def test_reprice_with_the_calls_own_profile_gives_the_plans_predictions():
+    """The committed call 4 (2026-12-02): priced with its run-profile.yaml as it was (runtime_op_seconds absent,
+    so 0), each plan re-prices to the prediction the run recorded; the term adds to every plan, and more to a plan
+    with split units."""
+    from liac.profile import resolve_profile
+
+    profile = resolve_profile(str(CALL / "run-profile.yaml"))
+    assert profile.runtime_op_seconds == 0.0
+    plans = reprice.load_call_plans(CALL)
+    rows = reprice.reprice(CALL, profile, plans)
+    assert len(rows) == 8
+    for row in rows:
+        assert row["repriced_decode_ms"] == pytest.approx(row["planned_decode_ms"], rel=1e-5)
+        assert row["repriced_prefill_ms"] == pytest.approx(row["planned_prefill_ms"], rel=1e-5)
+    import dataclasses
+
+    with_ops = reprice.reprice(CALL, dataclasses.replace(profile, runtime_op_seconds=3e-4), plans)
+    added = {(r["batch"], r["splits"] > 0): b["repriced_decode_ms"] - r["repriced_decode_ms"]
+             for r, b in zip(rows, with_ops)}
+    for batch in (1, 8, 32):
+        assert added[(batch, True)] > added[(batch, False)] > 0
+
+
+def test_main_prints_a_table(capsys):
+    assert reprice.main([str(CALL), "--set", "runtime_op_seconds=0.0002"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("opt-30b.h200-run.") == 8 and "repriced" in out
+    assert reprice.main([str(CALL), "--set", "no_such_field=1"]) == 2
