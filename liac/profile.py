@@ -145,8 +145,15 @@ class HardwareProfile:
         return int(self.cxl_gib * GIB)
 
     def canonical(self) -> dict:
-        """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write."""
-        return to_data(self)
+        """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write. A profile that
+        does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24) leaves the field out: it prices
+        every plan as before the field existed, so it hashes as it did and plans compiled for it stay valid."""
+        data = to_data(self)
+        if self.runtime_op_seconds == 0.0:
+            del data["runtime_op_seconds"]
+            data["sources"].pop("runtime_op_seconds", None)
+            data["estimates"] = [e for e in data["estimates"] if e != "runtime_op_seconds"]
+        return data
 
     def sha256(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
@@ -199,8 +206,12 @@ def parse_profile(data, source: str) -> HardwareProfile:
     if absent:
         defaults = {name: f"liac's default (the profile file does not set it): {_FIELDS[name].metadata['doc']}"
                     for name in absent}
-        profile = dataclasses.replace(profile, sources={**defaults, **profile.sources},
-                                      estimates=tuple(sorted(set(profile.estimates) | set(absent))))
+        # (runtime_op_seconds is appended, not sorted in: a profile without it keeps the canonical form it had)
+        earlier = [name for name in absent if name != "runtime_op_seconds"]
+        estimates = tuple(sorted(set(profile.estimates) | set(earlier))) if earlier else tuple(profile.estimates)
+        if "runtime_op_seconds" in absent and "runtime_op_seconds" not in estimates:
+            estimates += ("runtime_op_seconds",)
+        profile = dataclasses.replace(profile, sources={**defaults, **profile.sources}, estimates=estimates)
     for name in _POSITIVE:
         if getattr(profile, name) <= 0:
             raise LiacError(source, f"must be greater than 0, got {getattr(profile, name)!r}", path=name)

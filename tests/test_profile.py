@@ -109,7 +109,7 @@ def test_budgets_are_capacity_minus_reserve():
     (lambda d: d.update(gpu_hbm_gib=-1.0), "gpu_hbm_gib", "at least 0"),
     (lambda d: d["cpu_amx_bf16_tflops"].reverse(), "cpu_amx_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d["sources"].pop("cpu_kv_read_gb_per_s"), "sources", "'cpu_kv_read_gb_per_s'"),
-    (lambda d: d["estimates"].append("speed"), "estimates[17]", "unknown field 'speed'"),
+    (lambda d: d["estimates"].append("speed"), "estimates[16]", "unknown field 'speed'"),
     (lambda d: d.update(cpu_attention_bf16_tflops=[{"m": 128, "tflops": 1.0}, {"m": 16, "tflops": 0.5}]),
      "cpu_attention_bf16_tflops[1].m", "strictly increasing"),
     (lambda d: d.update(gpu_activation_factor=0.8), "gpu_activation_factor", "at least 1"),
@@ -175,7 +175,7 @@ def test_runtime_op_seconds_from_the_probes_timed_decode_steps():
     from liac.passes.price import price_plan
     from liac.sizes import GIB
 
-    base = resolve_profile("h200-measured")
+    base = dataclasses.replace(resolve_profile("h200-measured"), runtime_op_seconds=0.0)
     cfg = FOOTPRINT_MODELS[0]  # probe-opt: 2 decoder layers of 6 units, an embedding and an LM head
     (crossing,) = op_probes(base, (cfg,))
     devices = {s.decode for g in crossing.plan.spec.layer_groups for s in g.sublayers}
@@ -183,6 +183,7 @@ def test_runtime_op_seconds_from_the_probes_timed_decode_steps():
     plans = {"lia-partial": crossing.plan,
              "lia-gpu": compile_plans(cfg, base, batches=(32,), prompt_len=32, gen_len=2, gpu_mem=8 * GIB,
                                       policy="lia-gpu").points[0].plan}
+    assert {s.decode for g in plans["lia-gpu"].spec.layer_groups for s in g.sublayers} == {"gpu"}
     probes = [crossing, FootprintProbe(plans["lia-gpu"], 32, 32, 1)]
     bare = dataclasses.replace(base, runtime_op_seconds=0.0)
     priced = price_plan(plans["lia-partial"], hw=bare).decode_seconds_per_token
