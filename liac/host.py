@@ -34,7 +34,8 @@ from liac.sizes import GIB, MIB
 
 __all__ = ["CpuIsa", "DEFAULT_BASE", "cpu_isa", "isa_from_flags", "cpu_name", "profile_from_measurements",
            "measure_profile", "write_profile", "host_profile", "first_use_sizes", "FootprintProbe",
-           "footprint_probes", "op_probes", "with_footprint", "runtime_op_seconds", "FOOTPRINT_MODELS", "FOOTPRINT_POINTS", "FOOTPRINT_POLICIES"]
+           "footprint_probes", "op_probes", "with_footprint", "runtime_op_seconds", "FOOTPRINT_MODELS",
+           "FOOTPRINT_POINTS", "FOOTPRINT_POLICIES"]
 
 DEFAULT_BASE = "h200-amx16"  # what this host cannot measure (GPU numbers without CUDA, CXL, reserves) comes from it
 
