@@ -292,6 +292,7 @@ def op_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FOOTPRINT
     """Plans of the small models that cross PCIe in every layer, for `runtime_op_seconds` (Eq. 24): LIA's partial
     policy (attention on the CPU over a DDR cache) with no resident layers, so each layer streams its weights and
     hands its activations between the devices as an offloading plan does. Batch 4, prompt 32."""
+    # late import: the compiler (numpy, pulp, torch for tracing) only when measuring a GPU
     from liac.api import compile_plans
     from liac.passes.costs import Workload, class_activation_peak
     from liac.passes.trace import trace_model
