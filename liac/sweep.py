@@ -30,7 +30,7 @@ _LETTERS = {"cpu": "C", "gpu": "G", "split": "S"}
 # The file names a sweep owns: its index, its plans (`liac.fileio.safe_name` of passes.emit.plan_name, + '.yaml'),
 # and the temp files of an atomic write of either. `liac compile` replaces or drops exactly these; any other file
 # in the directory is the user's and is kept.
-_PLAN_FILE = r"[A-Za-z0-9_+~-][A-Za-z0-9._+~-]*\.b\d+-p\d+-g\d+(?:\.[A-Za-z0-9_+~-]+)?\.yaml"
+_PLAN_FILE = r"[A-Za-z0-9_+~-][A-Za-z0-9._+~-]*\.(?:b\d+|serve-b\d+-\d+)-p\d+-g\d+(?:\.[A-Za-z0-9_+~-]+)?\.yaml"
 _OWNED = re.compile(rf"(?:index\.yaml|{_PLAN_FILE})|\.(?:index\.yaml|{_PLAN_FILE})\.[a-z0-9_]{{8}}\.tmp")
 
 
@@ -44,7 +44,8 @@ def plan_files(directory: str | Path) -> list[Path]:
 
 def is_sweep_file(name: str) -> bool:
     """Whether a file name belongs to a sweep (see `_OWNED`): 'index.yaml', 'opt-30b.spr-h100.b1-p128-g32.yaml',
-    'x.h.b1-p1-g1.lia-gpu+lia-cpu.yaml'; not 'notes.yaml' or 'sweeps.yaml'."""
+    'x.h.b1-p1-g1.lia-gpu+lia-cpu.yaml', a serving plan's 'opt-30b.h200-amx16.serve-b1-32-p256-g64.yaml'; not
+    'notes.yaml' or 'sweeps.yaml'."""
     return _OWNED.fullmatch(name) is not None
 
 

@@ -370,3 +370,24 @@ def test_the_committed_benchmark_plain_plans_match_the_serving_plan(batch, capsy
     assert (plan.spec.budgets, plan.spec.hardware, plan.model_config) == \
         (serving.spec.budgets, serving.spec.hardware, serving.model_config)
     assert main(["validate", str(path)]) == 0, capsys.readouterr()
+
+
+def test_compile_serve_into_a_directory(tmp_path, capsys):
+    """`liac compile --serve -o DIR` writes the serving plan and index.yaml into DIR (the sweep writer owns a serving
+    plan's file name), `liac validate DIR` accepts it, and a second compile replaces it, keeping the user's files."""
+    from liac.cli import main
+    from liac.sweep import is_sweep_file
+
+    assert is_sweep_file("opt-30b.h200-amx16.serve-b1-32-p256-g64.yaml")
+    assert is_sweep_file("opt-30b.h200-amx16.serve-b1-32-p256-g64.lia-gpu.yaml")
+    assert not is_sweep_file("opt-30b.h200-amx16.serve-p256-g64.yaml")
+    out = tmp_path / "serve"
+    argv = ["compile", "--model", "opt-125m", "--hw", "h200-measured", "--gpu-mem", "200MiB", "--serve",
+            "--batch", "1,4", "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["index.yaml", "opt-125m.h200-measured.serve-b1-4-p128-g32.yaml"]
+    (out / "notes.txt").write_text("mine")
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["index.yaml", "notes.txt",
+                                                     "opt-125m.h200-measured.serve-b1-4-p128-g32.yaml"]
+    assert main(["validate", str(out)]) == 0, capsys.readouterr()
