@@ -35,7 +35,7 @@ import numpy as np
 
 from liac.errors import InfeasibleError, LiacError
 from liac.passes.costs import ClassCosts, CostGraph
-from liac.passes.ilp_check import GAP_TOLERANCE, check_solution
+from liac.passes.ilp_check import GAP_TOLERANCE, certified_bound, check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
 from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
 from liac.passes.price import LayerPricer, layer_time, operand_tiers
@@ -602,11 +602,16 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
             check_capacity(priced, configs)
             # Only the last candidate (the least workspace) says why nothing fits, and only if nothing did: the
             # elastic problems that find the shortfall cost more than the solve.
-            solution = solve_master(priced, configs, options, diagnose=last and best is None)
+            # The best plan so far is the cutoff: only a strictly better one replaces it (below).
+            solution = solve_master(priced, configs, options, diagnose=last and best is None,
+                                    cutoff=np.inf if best is None else best[0].objective_seconds)
         except InfeasibleError:
             if last and best is None:
                 raise
             continue  # no plan at this micro-batch: it bounds nothing
+        if solution.counts is None:  # nothing here beats the best plan: the certificate's bound says by how much
+            lower = min(lower, certified_bound(priced, configs, solution.certificate))
+            continue
         assignment = _assignment(priced, configs, solution)
         # The search's answer re-verified at this micro-batch; its gap gives the bound it proved there.
         gap = check_solution(priced, assignment, solution.certificate, configs)

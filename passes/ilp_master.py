@@ -42,7 +42,7 @@ __all__ = ["MasterSolution", "Certificate", "solve_master", "check_capacity", "m
 class MasterSolution:
     """The chosen counts: (layer class, configuration index) → layers (absent = 0), and how they were found."""
 
-    counts: dict
+    counts: dict | None  # None: nothing beats the cutoff `solve_master` was given (the certificate proves it)
     solver: str  # 'HiGHS' or 'PULP_CBC_CMD'
     certificate: Certificate  # why no other plan is better: what closed every staging level
 
@@ -354,6 +354,12 @@ def _level_lp(level: LevelProblem, columns: dict[str, ClassColumns]) -> np.ndarr
     return out
 
 
+def _largest_stream(columns: dict[str, ClassColumns], counts: dict) -> int:
+    """The staging bytes of the largest configuration a plan uses."""
+    return max(int(columns[name].staging[np.flatnonzero(columns[name].index == index)[0]])
+               for (name, index), n in counts.items() if n)
+
+
 def _fits(costs: CostGraph, columns: dict[str, ClassColumns], counts: dict) -> bool:
     """Whether a plan found for a relaxed interval also fits with the staging buffer its own largest stream needs."""
     budgets = costs.budgets
@@ -377,8 +383,13 @@ def _fits(costs: CostGraph, columns: dict[str, ClassColumns], counts: dict) -> b
 
 
 def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], options: SolverOptions,
-                 diagnose: bool = True) -> MasterSolution:
+                 diagnose: bool = True, cutoff: float = np.inf) -> MasterSolution:
     """The optimum of Eqs. 10-13 over `configs` (see the module docstring).
+
+    With a finite `cutoff` (the objective of a plan found elsewhere, e.g. at another prefill micro-batch), only a
+    plan that beats it by more than the 1e-9 relative tolerance counts: the search prunes with it from the start,
+    and when no plan beats it, `counts` is None and the certificate bounds every level from below (by the cutoff
+    where the search closed a level with it), so the caller still gets a proven bound.
 
     Raises:
         InfeasibleError: no choice fits the budgets; names the binding tier(s) and the shortfall in GiB (with
@@ -397,7 +408,7 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
     # relaxation solved exactly: nothing that beats the best plan closes it, a plan that also fits with its own
     # buffers closes it (no plan of the interval is better), anything else splits it.
     heap = [(bounds.bound(0, levels.size - 1), 0, levels.size - 1, False)]
-    best = None  # (objective, counts)
+    best = None if not np.isfinite(cutoff) else (float(cutoff), None)  # (objective, counts)
     solved = np.full(levels.size, np.nan)  # per level: the lower bound a solve proved, where one closed it
     priced = {}  # (first, last) → λ of the interval's LP
     # A first plan, so that the search prunes from the start: the level with the least bound under the root LP's
@@ -412,9 +423,13 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
             if multipliers is not None:
                 bounds.add(multipliers)
                 problem = _level_problem(costs, j, j, levels, tiers, multipliers)
-                found, solved[j], _ = _solve_exactly(costs, configs, columns, problem, options, np.inf, True)
-                if found.counts:
-                    best = (found.seconds, found.counts)
+                # Only the small budgets: this level is a guess, and the loop below solves it again if needed.
+                found, lower, _ = _solve_exactly(costs, configs, columns, problem, options,
+                                                 np.inf if best is None else best[0], True, full=False)
+                if found is not None:
+                    solved[j] = lower
+                    if found.counts:
+                        best = (found.seconds, found.counts)
     while heap:
         bound, first, last, relaxed = heapq.heappop(heap)
         if not np.isfinite(bound):
@@ -451,11 +466,19 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
             solved[first:last + 1] = found.seconds  # the interval's optimum
             best = (found.seconds, found.counts)
             continue
-        middle = (first + last) // 2
+        # Split at the middle and, when the relaxation found a plan, at the level of its largest stream: then no
+        # child offers that plan again (below it the plan's stream is not offered, from it on its buffers do not
+        # fit), and no child is more than half the interval.
+        cuts = {(first + last) // 2 + 1}
+        if found is not None:
+            stream = int(np.searchsorted(levels, _largest_stream(columns, found.counts)))
+            if first < stream <= last:
+                cuts.add(stream)
         floor = bound if found is None else max(bound, found.seconds)
-        for low, high in ((first, middle), (middle + 1, last)):
-            heapq.heappush(heap, (max(floor, bounds.bound(low, high)), low, high, False))
-    if best is None:
+        edges = [first] + sorted(cuts) + [last + 1]
+        for low, high in zip(edges[:-1], edges[1:]):
+            heapq.heappush(heap, (max(floor, bounds.bound(low, high - 1)), low, high - 1, False))
+    if best is None:  # (with a cutoff, no plan beating it is an answer: counts None)
         open_levels = np.flatnonzero(~(solved == np.inf))  # neither a plan nor a proof that none exists
         if open_levels.size:
             # The solver stopped at its work limit there (or had numerical trouble on a huge model). Saying
@@ -499,14 +522,14 @@ def _solve_level_ilp(costs, configs, columns, level: LevelProblem, options: Solv
 
 
 def _solve_exactly(costs, configs, columns, level: LevelProblem, options: SolverOptions, cutoff: float,
-                   single: bool) -> tuple[LevelSolution | None, float, bool]:
+                   single: bool, full: bool = True) -> tuple[LevelSolution | None, float, bool]:
     """A level problem by deterministic work limits, cheap attempts first: the enumeration and the ILP solver
-    each with a small budget, then (a single level only) each with the full one. Returns (the best plan that beats
-    `cutoff`, or none; a proven lower bound; whether it is settled). None as the plan: an interval that the small
-    budgets did not settle (the caller splits it)."""
+    each with a small budget, then (a single level only, unless not `full`) each with the full one. Returns (the
+    best plan that beats `cutoff`, or none; a proven lower bound; whether it is settled). None as the plan: an
+    interval that the small budgets did not settle (the caller splits it)."""
     small_states, small_nodes = max(1, options.max_states // 40), max(1, options.node_limit // 50)
     attempts = [("enumerate", small_states), ("ilp", small_nodes if single else max(1, small_nodes // 4))]
-    if single:
+    if single and full:
         attempts += [("enumerate", options.max_states), ("ilp", options.node_limit)]
     last = (None, -np.inf, False)
     for method, budget in attempts:
