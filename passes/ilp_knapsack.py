@@ -88,11 +88,13 @@ class TooLarge(Exception):
 
 
 def solve_level(level: LevelProblem, columns: dict[str, ClassColumns], cutoff: float,
-                max_states: int = MAX_STATES) -> LevelSolution:
+                max_states: int = MAX_STATES, group_states: int | None = None) -> LevelSolution:
     """The optimum at one staging level if it beats `cutoff` (else seconds = inf and no counts).
 
     The workspace reserved in HBM is the largest of the classes that compute on the GPU (Eq. 14); a tied matrix
     counts once in a tier when both ends keep it there. Every class but the decoder has one layer.
+    `group_states` (default `max_states`) caps the residues the group relaxation labels before the enumeration
+    takes over.
 
     Raises:
         TooLarge: a knapsack generated more than `max_states` states.
@@ -150,7 +152,7 @@ def solve_level(level: LevelProblem, columns: dict[str, ClassColumns], cutoff: f
         chosen, _, _, at_level = branches[decoder_gpu]
         while True:
             value, counts = _decoder_knapsack(decoder, chosen, tracked, capacity, best.seconds - end_seconds,
-                                              max_states, None if end_at_level else at_level)
+                                              max_states, None if end_at_level else at_level, group_states)
             if counts is None:
                 break
             over = [t for t in level.tiers if counts @ decoder.tier_bytes[chosen][:, t] > capacity[t]]
@@ -166,7 +168,7 @@ def solve_level(level: LevelProblem, columns: dict[str, ClassColumns], cutoff: f
 
 
 def _decoder_knapsack(decoder: ClassColumns, chosen: np.ndarray, tracked: list[int], capacity: np.ndarray,
-                      cutoff: float, max_states: int, required):
+                      cutoff: float, max_states: int, required, group_states: int | None = None):
     """The decoder's knapsack over the tracked tiers. Without CXL every configuration holds the same bytes in HBM
     and DDR together, so a DDR capacity is a floor on the HBM bytes: one capacity with a floor, which the group
     relaxation settles in most cases; otherwise (or when it does not) both tiers are enumerated."""
@@ -176,11 +178,11 @@ def _decoder_knapsack(decoder: ClassColumns, chosen: np.ndarray, tracked: list[i
         if (total == total[0]).all():
             floor = decoder.count * int(total[0]) - int(capacity[1])
             value, counts = knapsack(sizes[:, 0], decoder.seconds[chosen], decoder.count, capacity[0], cutoff,
-                                     max_states, required, floor=floor)
+                                     max_states, required, floor=floor, group_states=group_states)
             if value is not None:
                 return value, counts
     return knapsack(sizes[:, tracked], decoder.seconds[chosen], decoder.count, capacity[tracked], cutoff,
-                    max_states, required)
+                    max_states, required, group_states=group_states)
 
 
 def useful_columns(decoder: ClassColumns, level: LevelProblem) -> np.ndarray:
@@ -229,7 +231,7 @@ def pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
 
 def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity, cutoff: float = np.inf,
              max_states: int = MAX_STATES, required: np.ndarray | None = None,
-             floor: int | None = None) -> tuple[float | None, np.ndarray | None]:
+             floor: int | None = None, group_states: int | None = None) -> tuple[float | None, np.ndarray | None]:
     """min Σ seconds_c·n_c  s.t.  Σ n_c = layers, Σ sizes_c·n_c ≤ capacity (per column of sizes), n_c ≥ 0 integer,
     and, with `required` (column indices), n_c ≥ 1 for at least one of them.
 
@@ -274,7 +276,8 @@ def knapsack(sizes: np.ndarray, seconds: np.ndarray, layers: int, capacity, cuto
     reduced = np.maximum(priced - least, 0.0)
     if sizes.shape[1] == 1 and len(basis) == 2:
         grouped = _group_relaxation(sizes[:, 0], seconds, layers, int(capacity[0]), basis, float(multipliers[0]),
-                                    least, reduced, cutoff, required, max_states, floor)
+                                    least, reduced, cutoff, required,
+                                    max_states if group_states is None else group_states, floor)
         if grouped is not None:
             return grouped
     if floor is not None:

@@ -459,22 +459,25 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
             if found is not None and found.counts and beats(found.seconds, cutoff):
                 best = (found.seconds, found.counts)
             continue
-        if found is not None and not found.counts:
+        fits = found is not None and bool(found.counts) and _fits(costs, columns, found.counts)
+        if settled and not found.counts:
             solved[first:last + 1] = cutoff  # nothing in the interval beats the best plan
             continue
-        if found is not None and _fits(costs, columns, found.counts):
+        if settled and fits:
             solved[first:last + 1] = found.seconds  # the interval's optimum
             best = (found.seconds, found.counts)
             continue
+        if fits:  # the solver's budget ran out on a plan that fits: not proven best here, but a plan
+            best = (found.seconds, found.counts)
         # Split at the middle and, when the relaxation found a plan, at the level of its largest stream: then no
-        # child offers that plan again (below it the plan's stream is not offered, from it on its buffers do not
-        # fit), and no child is more than half the interval.
+        # child offers that plan again if it does not fit (below it the plan's stream is not offered, from it on
+        # its buffers do not fit), and no child is more than half the interval.
         cuts = {(first + last) // 2 + 1}
-        if found is not None:
+        if found is not None and found.counts:
             stream = int(np.searchsorted(levels, _largest_stream(columns, found.counts)))
             if first < stream <= last:
                 cuts.add(stream)
-        floor = bound if found is None else max(bound, found.seconds)
+        floor = max(bound, found.seconds if settled else lower)
         edges = [first] + sorted(cuts) + [last + 1]
         for low, high in zip(edges[:-1], edges[1:]):
             heapq.heappush(heap, (max(floor, bounds.bound(low, high - 1)), low, high - 1, False))
@@ -525,8 +528,9 @@ def _solve_exactly(costs, configs, columns, level: LevelProblem, options: Solver
                    single: bool, full: bool = True) -> tuple[LevelSolution | None, float, bool]:
     """A level problem by deterministic work limits, cheap attempts first: the enumeration and the ILP solver
     each with a small budget, then (a single level only, unless not `full`) each with the full one. Returns (the
-    best plan that beats `cutoff`, or none; a proven lower bound; whether it is settled). None as the plan: an
-    interval that the small budgets did not settle (the caller splits it)."""
+    best plan that beats `cutoff`, or none; a proven lower bound; whether it is settled). Unsettled, the plan is
+    the best the ILP solver found within its budget (it fits the level problem, not necessarily the buffers of
+    its own largest stream) or none, and the bound is what the solver proved."""
     small_states, small_nodes = max(1, options.max_states // 40), max(1, options.node_limit // 50)
     attempts = [("enumerate", small_states), ("ilp", small_nodes if single else max(1, small_nodes // 4))]
     if single and full:
@@ -535,7 +539,10 @@ def _solve_exactly(costs, configs, columns, level: LevelProblem, options: Solver
     for method, budget in attempts:
         if method == "enumerate":
             try:
-                found = solve_level(level, columns, cutoff, budget)
+                # the cheap attempt gives the group relaxation a tenth of its states: where it does not settle
+                # within them, the enumeration usually does at once (the full attempt gives it all of them)
+                found = solve_level(level, columns, cutoff, budget,
+                                    max(1, budget // 10) if budget < options.max_states else budget)
             except TooLarge:
                 continue
             return found, min(found.seconds, cutoff), True
@@ -543,7 +550,7 @@ def _solve_exactly(costs, configs, columns, level: LevelProblem, options: Solver
         if settled:
             return found, bound, True
         last = (found, bound, False)
-    return last if single else (None, -np.inf, False)
+    return last
 
 
 def _relaxed_bound(costs, configs, level: LevelProblem, useful: set[int], options: SolverOptions) -> float:
