@@ -564,8 +564,8 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     """CostGraph → the optimal Assignment and how it was found.
 
     The decoder's prefill micro-batch is chosen among `costs.microbatches` (Eq. 20): each candidate is solved in
-    turn (fewest micro-batches first; a later one must be strictly better), a candidate whose bound without memory
-    limits cannot beat the best plan found being skipped. At one micro-batch, the staging buffer is sized by the
+    turn (fewest micro-batches first; a later one must be strictly better, so the best plan so far is its master
+    search's cutoff), a candidate whose bound without memory limits cannot beat the best plan found being skipped. At one micro-batch, the staging buffer is sized by the
     largest configuration in use (Eq. 12); the master problem is solved per staging level S (Eq. 12'), best bound
     first: a level whose lower bound (Lagrangian, then its LP relaxation) cannot beat the best plan found is closed
     without solving; the best over all levels is the optimum of Eqs. 10-13.

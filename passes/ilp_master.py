@@ -5,9 +5,12 @@ take each, under every tier's capacity, with the staging buffer and the GPU work
 (docs/cost-model.md §3). The staging buffer is sized by the largest configuration in use, so the search runs over
 intervals of staging levels (Eq. 12'), best bound first: Lagrangian bounds from the duals of small LPs
 (passes/ilp_lp.py), then each interval's relaxation solved exactly (passes/ilp_knapsack.py's group relaxation and
-enumeration, or the ILP solver), each under a count-based work limit, never a time limit. It returns the counts
-and a certificate of what closed every level, which passes/ilp_check.py turns into the proven gap. When nothing
-fits, an elastic copy names the binding tier and its shortfall.
+enumeration, or the ILP solver), each under a count-based work limit, never a time limit. An interval whose
+relaxation's plan does not fit its own buffers splits at the middle and at that plan's largest stream (so no child
+offers it again); a plan found along the way that fits is the incumbent, and a caller's `cutoff` (the best plan of
+another prefill micro-batch) prunes from the start. It returns the counts and a certificate of what closed every
+level, which passes/ilp_check.py turns into the proven gap. When nothing fits, an elastic copy names the binding
+tier and its shortfall.
 
     solution = solve_master(costs, configs, SolverOptions())
     solution.counts[("decoder", 3)], solution.certificate   # layers taking decoder configuration 3
