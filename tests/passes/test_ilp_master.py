@@ -95,3 +95,20 @@ def test_interval_bounds_never_exceed_the_plans_they_cover():
         assert bounds.bound(j, j) <= value * (1 + 1e-9)
         for first in range(0, j + 1, max(1, j // 3)):  # an interval containing level j bounds it too
             assert bounds.bound(first, levels.size - 1) <= value * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name, costs", list(_instances()), ids=[n for n, _ in _instances()])
+def test_a_cutoff_prunes_without_changing_the_optimum(name, costs):
+    """A cutoff (another micro-batch's best plan) just above the optimum leaves the optimum to find; one at the
+    optimum leaves nothing that beats it, and the certificate then still proves the bound."""
+    configs = _configs(costs)
+    expected = _staircase(costs, configs)
+    if expected is None:
+        return
+    above = ilp_master.solve_master(costs, configs, SolverOptions(), cutoff=expected * (1 + 1e-6))
+    got = sum(configs[cls][index].seconds * n for (cls, index), n in above.counts.items())
+    assert got == pytest.approx(expected, rel=1e-9)
+    at = ilp_master.solve_master(costs, configs, SolverOptions(), cutoff=expected)
+    assert at.counts is None
+    assert certified_bound(costs, configs, at.certificate) >= expected * (1 - 2e-9)
+    assert certified_bound(costs, configs, at.certificate) <= expected * (1 + 1e-9)
