@@ -393,14 +393,17 @@ class Executor:
 
     def _forward_alone(self, phase: str, ids: torch.Tensor, start: int, firsts: dict[str, int]) -> Frame:
         """A pass over only the ops of the layers in `firsts` (group → its first layer); each of their stream units
-        is copied when its layer is reached, nothing ahead (Streamer.begin_alone)."""
+        is copied when its layer is reached, nothing ahead (Streamer.begin_alone). Before each op, its inputs are
+        copied to the devices a whole pass would hold them on (`Op.inputs_at`): a split op joins where the next layer
+        reads its output, so the layers skipped here may have left a value where the ones run did not (a group's last
+        layer on both devices for a split LM head, its first on the GPU alone for the next layer)."""
         batch, length = ids.shape
         frame = Frame(batch, start, length)
         frame.vals["ids"] = {"cpu" if phase == "prefill" else self.decode_embed_device: ids}
         for d in self.devices:
             frame.pos[d] = self.arange[d][start:start + length].expand(batch, length)
             frame.mask[d] = None
-        streamer = self.streamer
+        streamer, transfer = self.streamer, self.backend.transfer
         streamer.begin_alone(self.stream_units[phase], batch, start)
 
         def run(program, sub: Frame, skip: tuple[str, ...] = ()) -> None:
@@ -413,6 +416,7 @@ class Executor:
                 elif op.kind == "release":
                     streamer.release(op.stream_unit)
                 else:
+                    _bring(transfer, sub.vals, op.inputs_at)
                     step(sub)
 
         # A prefill runs its decoder layers over the plan's micro-batches, as `forward` does: the workspace the
@@ -554,6 +558,16 @@ def _moves_after(op: Op) -> tuple[Move, ...]:
 def _run_moves(transfer, vals: dict, moves: tuple[Move, ...]) -> None:
     for move in moves:
         vals[move.value][move.dst] = transfer(vals[move.value][move.src], move.dst, move.value)
+
+
+def _bring(transfer, vals: dict, inputs_at: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Copy each value to the devices in `inputs_at` that lack it (from a device that has it): where a pass over every
+    layer holds it before the op (a pass over some layers only, `Executor._forward_alone`)."""
+    for value, devices in inputs_at:
+        have = vals[value]
+        for device in devices:
+            if device not in have:
+                have[device] = transfer(next(iter(have.values())), device, value)
 
 
 def _kv_reader(ex: Executor, op: Op, stream_unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:

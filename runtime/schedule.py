@@ -5,7 +5,9 @@ Everything the plan decides is resolved here, so the executor's inner loop does 
   * ops       one per placement unit of every layer, in execution order, with its device; the two attention
               units fuse into one SDPA op when the plan puts them on the same device
   * moves     the activations each op first copies to its device: exactly where a value's consumer runs on the
-              other device than its producer (the residual stream included); each value crosses at most once
+              other device than its producer (the residual stream included); each value crosses at most once.
+              Each op also records where its inputs are before its moves in a whole pass (`inputs_at`): a pass
+              over only some layers (the warm-up) copies what the layers it skips would have left there
   * KV        where each layer's cache lives (its group's tier), whether the qkv op's K/V write crosses PCIe,
               and how attention reads it: the fresh K/V (prefill), the cache in place, or a streamed window
   * stream units: the layers whose GPU ops read weights (or, at decode, a KV cache) from a host tier; unit i
@@ -94,6 +96,10 @@ class Op:
     drops: the values (every device's copy) that no later op of the pass reads before they are produced again:
         the executor frees them right after this op, so a pass holds only live activations (what the cost model's
         activation workspace, Eq. 14, counts).
+    inputs_at: (value, devices) for each value the op reads: the devices holding a copy right before its moves, in a
+        pass over every layer. Where a split op joins depends on where the next layer reads its output, so the last
+        layer of a group may leave a value on other devices than its first: a pass that runs only some layers
+        (`Executor.warm_up`, the first of each group) first copies what is missing, then runs the op's moves.
     """
 
     kind: str
@@ -113,6 +119,7 @@ class Op:
     split: Split | None = None
     drops: tuple[str, ...] = ()  # values no later op of the pass reads: freed right after this op
     experts: ExpertRun | None = None
+    inputs_at: tuple[tuple[str, tuple[str, ...]], ...] = ()  # where its inputs are before its moves (whole pass)
 
 
 @dataclass(frozen=True)
@@ -481,6 +488,7 @@ def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Str
     from staging (added to `streamed`), and where its K, V are written."""
     moves: list[Move] = []
     gather = spec.extra.get("gather", False)
+    inputs_at = tuple((value, tuple(flow.where[value])) for value in dict.fromkeys(spec.inputs()))
     if spec.device == "split":
         for device in ("cpu", "gpu"):
             for value in (spec.gemm_in,) + spec.needs:
@@ -502,7 +510,7 @@ def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Str
     if spec.kind == "experts":  # routed experts are copied by the op itself, into the layer's expert slots
         run = replace(spec.extra["experts"], merge_on=targets)
         return Op(spec.kind, group.name, group.layer_class, layer, spec.device, spec.sublayers, weights,
-                  streamed=run.streamed > 0, moves=tuple(moves), experts=run)
+                  streamed=run.streamed > 0, moves=tuple(moves), experts=run, inputs_at=inputs_at)
     if spec.device == "split":
         split = Split(spec.cpu_features, spec.features, spec.merge_on)
         streamed.extend(_Streamed(p, weights, part_rows(spec.sublayers[0], p, "gpu", spec.cpu_features, spec.features))
@@ -518,7 +526,7 @@ def _op(spec: _Spec, group, layer: int, params, flow: _Flow, streamed: list[_Str
             weights, streamed=(spec.device in ("gpu", "split") and host_weights), moves=tuple(moves),
             kv_read=spec.extra.get("kv_read", ""),
             kv_write_crosses=bool(kv_writer) and kv_writer != HOME[group.kv_cache], kv_writer=kv_writer,
-            gather=gather, split=split)
+            gather=gather, split=split, inputs_at=inputs_at)
     if spec.kind == "lm_head" and spec.device != "split" and decode_embed_device != spec.device:
         op = replace(op, moves=op.moves + (Move("next", spec.device, decode_embed_device),))  # to the next embedding
     return op

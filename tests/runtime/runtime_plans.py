@@ -44,7 +44,8 @@ from liac.runtime.backend import EmulatedBackend
 
 __all__ = ["FAMILIES", "POLICIES", "BACKENDS", "NEW_TOKENS", "PROMPT", "PinningBackend", "make_test_backend",
            "hf_config", "save_hf_checkpoint", "make_plan", "hf_model_class", "hf_greedy", "assert_bf16_logits_close",
-           "placement", "TINY", "TEXT", "CHAT_TEMPLATE", "train_tokenizer", "save_text_checkpoint", "hf_text_generate"]
+           "placement", "with_experts", "TINY", "TEXT", "CHAT_TEMPLATE", "train_tokenizer", "save_text_checkpoint",
+           "hf_text_generate"]
 
 # The CPU-backed emulation always; CUDA marked `gpu` (deselected by default, run with `pytest -m gpu`).
 BACKENDS = [pytest.param("emulated", id="emulated"), pytest.param("cuda", marks=pytest.mark.gpu, id="cuda")]
@@ -203,7 +204,7 @@ def _placements(cfg: ModelConfig, policy: str):
     raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
 
 
-def _with_experts(cfg: ModelConfig, group: LayerGroup, placed: ExpertPlacement) -> LayerGroup:
+def with_experts(cfg: ModelConfig, group: LayerGroup, placed: ExpertPlacement) -> LayerGroup:
     """`group` with its experts sublayer placed by `placed`'s counts (the other sublayers as they were)."""
     import dataclasses
 
@@ -235,9 +236,11 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
               resident_layers: int = 0, cxl_layers: int = 0, batch: int = 2, prompt_len: int = 8, gen_len: int = 20,
               prefetch_depth: int = 1, memory: TierBytes | None = None, staging_bytes: int | None = None,
               permille: int | dict[str, int] = 500, split_attention: str = "cpu",
-              microbatch: tuple[int, int] | None = None, experts: ExpertPlacement | None = None) -> OffloadPlan:
+              microbatch: tuple[int, int] | None = None, experts: ExpertPlacement | None = None,
+              layer_groups: tuple[LayerGroup, ...] | None = None) -> OffloadPlan:
     """A valid plan for `cfg` (see the module docstring); `microbatch`: the prefill's (sequences, prompt tokens)
-    per micro-batch (default: the whole batch at once)."""
+    per micro-batch (default: the whole batch at once); `layer_groups`: these groups instead of the policy's (e.g. a
+    compiled plan's, over a smaller model of its shape), sized the same way."""
     names = SUBLAYERS[cfg.family]
     prefill, decode, embed_dev, head_dev = _placements(cfg, policy)
     if policy == "split" and split_attention == "gpu":
@@ -261,7 +264,9 @@ def make_plan(cfg: ModelConfig, policy: str = "gpu", *, weights_tier: str | None
                                  _units(names, prefill, decode, "cxl", permille)))
     groups.append(LayerGroup("head", "head", 0, 1, "none", _units(("lm_head",), *head_dev, host_head, permille)))
     if experts is not None:
-        groups = [_with_experts(cfg, g, experts) if g.name in ("offload", "cxl") else g for g in groups]
+        groups = [with_experts(cfg, g, experts) if g.name in ("offload", "cxl") else g for g in groups]
+    if layer_groups is not None:
+        groups = list(layer_groups)
 
     # Closed-form sizes (bf16): weights per tier, KV per tier, one staging buffer = the most one layer streams.
     numels = _param_numels(cfg)

@@ -11,13 +11,16 @@ sequence at every step (no KV cache, its own routing), so it shares nothing with
 from __future__ import annotations
 
 import math
+import tarfile
+from pathlib import Path
 
 import pytest
 import torch
-from runtime_plans import BACKENDS, NEW_TOKENS, PROMPT, make_plan, make_test_backend
+from runtime_plans import (BACKENDS, NEW_TOKENS, PROMPT, hf_greedy, hf_model_class, make_plan, make_test_backend,
+                           placement, save_hf_checkpoint, with_experts)
 
 from liac.api import compile_plans
-from liac.plan import ExpertPlacement
+from liac.plan import ExpertPlacement, LayerGroup, load_plan
 from liac.runtime import Engine
 from liac.runtime.schedule import build_schedule
 
@@ -333,3 +336,79 @@ def test_a_device_with_no_routed_expert_computes_nothing(checkpoints, reference,
     # one part per op plus one per CPU part, and each CPU part's sum crosses to the GPU
     assert 0 < merges < steps
     assert len(parts) == steps + merges
+
+
+def _head_after_split_experts(cfg) -> tuple:
+    """The layer groups of the H200 optimum at batch 8 (bench/results/h200-2026-12-02/moe-fix) on the 3-layer model:
+    layer 0 all on the GPU, layers 1-2 with decode attention and router on the CPU (KV in DDR) and out_proj streamed;
+    experts split in both phases (2 resident, 1 or 3 on the CPU, the rest streamed); the LM head split, from DDR.
+    Layer 1's experts join on the GPU only (layer 2 reads the stream there), layer 2's on both devices too (the
+    head reads it there): the warm-up, which runs layer 1 but not 2, must still find the head's input on the CPU."""
+    gpu = lambda name, tier: placement(name, "gpu", "gpu", tier)  # noqa: E731
+    attn = ("attn_score", "attn_context")
+    layer0 = (gpu("qkv", "hbm"), *(gpu(n, "none") for n in attn), gpu("out_proj", "hbm"), gpu("router", "ddr"),
+              gpu("experts", "ddr"))
+    layer1 = (gpu("qkv", "hbm"), *(placement(n, "gpu", "cpu", "none") for n in attn), gpu("out_proj", "ddr"),
+              placement("router", "gpu", "cpu", "ddr"), gpu("experts", "ddr"))
+    experts = ExpertPlacement(2, 1, 3)
+    return (LayerGroup("embed", "embed", 0, 1, "none", (gpu("embed", "ddr"),)),
+            with_experts(cfg, LayerGroup("decoder-0", "decoder", 0, 1, "hbm", layer0), experts),
+            with_experts(cfg, LayerGroup("decoder-1", "decoder", 1, 2, "ddr", layer1), experts),
+            LayerGroup("head", "head", 0, 1, "none", (placement("lm_head", "split", "split", "ddr", 500, 500),)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_head_after_split_experts_matches_hf_fp32(checkpoints, reference, backend):
+    """Warmed up (the default: the first layer of each group, both phases), then HF's tokens and logits."""
+    directory, cfg = checkpoints("mixtral")
+    plan = make_plan(cfg, layer_groups=_head_after_split_experts(cfg))
+    schedule = build_schedule(plan)
+    joins = [op.experts.merge_on for op in schedule.phases["decode"].ops if op.kind == "experts"]
+    assert joins == [("gpu",), ("gpu",), ("cpu", "gpu")]  # the structure above, as the schedule resolves it
+    engine = Engine.from_plan(plan, directory, backend=make_test_backend(backend), dtype=torch.float32)
+    assert engine.warmup_request == (2, 8)
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference("mixtral")
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+
+
+# The compiled optima of the H200 Mixtral call that failed in the warm-up (KeyError 'cpu': the split LM head's input
+# not on the CPU), as the benchmark ran them (its plans archive): 16 layers, top-2 of 8 experts.
+H200_PLANS = Path(__file__).parents[2] / "bench" / "results" / "h200-2026-12-02" / "moe-fix" / "plans.tgz"
+
+
+@pytest.fixture(scope="module")
+def mixtral16(tmp_path_factory):
+    """A 16-layer tiny Mixtral (the tiny routing: top-2 of 8) → (directory, config, HF fp32 greedy tokens, logits)."""
+    directory = tmp_path_factory.mktemp("mixtral16") / "ckpt"
+    cfg = save_hf_checkpoint("mixtral", directory, seed=5, layers=16)
+    hf = hf_model_class("mixtral").from_pretrained(directory, dtype=torch.float32).eval()
+    return (directory, cfg) + hf_greedy(hf, PROMPT, NEW_TOKENS // 2)
+
+
+def _archived_plan(name: str, tmp_path):
+    with tarfile.open(H200_PLANS) as archive:
+        data = archive.extractfile(f"plans/optimal/{name}.yaml").read()
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    return load_plan(path)
+
+
+@pytest.mark.parametrize("batch", (8, 32))
+def test_the_h200_optima_that_failed_in_warm_up_match_hf_fp32(tmp_path, mixtral16, batch):
+    """Their layer groups (split experts by count, decode attention and router on the CPU in some groups, a split LM
+    head from DDR) over the tiny 16-layer Mixtral: warmed up (the default), then HF's tokens and logits."""
+    directory, cfg, tokens, logits = mixtral16
+    compiled = _archived_plan(f"mixtral-8x7b-16l.h200-moe-run.b{batch}-p128-g32", tmp_path)
+    shape = compiled.model_config
+    assert (shape.num_layers, shape.num_experts, shape.experts_top_k) == (cfg.num_layers, cfg.num_experts,
+                                                                          cfg.experts_top_k)
+    assert [(s.prefill, s.decode) for g in compiled.spec.layer_groups if g.layer_class == "head"
+            for s in g.sublayers] == [("split", "split")]
+    plan = make_plan(cfg, layer_groups=compiled.spec.layer_groups)
+    engine = Engine.from_plan(plan, directory, backend=make_test_backend("emulated"), dtype=torch.float32)
+    assert engine.warmup_request == (2, 8)
+    out = engine.generate(PROMPT, NEW_TOKENS // 2, return_logits=True)
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)

@@ -320,3 +320,94 @@ def test_scores_in_blocks_of_query_rows_equal_one_call(monkeypatch):
         monkeypatch.setattr(executor, "SCORE_BLOCK_BYTES", batch * 4 * context * 4 * 2)  # two rows per block
         blocked = executor._score_in_blocks(attention, q, keys, context)
         torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+
+
+# The dataflow of a pass as the executor's steps see it, written apart from the schedule: what each op kind reads
+# (value → the devices it reads it on) and produces, given its device, its split, its experts and its KV read mode.
+_PRODUCES = {"embed": ("x",), "qkv": ("q", "k", "v"), "attn": ("o",), "score": ("p",), "context": ("o",),
+             "out_proj": ("x",), "up": ("h",), "down": ("x",), "router": ("h", "ei", "ew"), "experts": ("x",),
+             "lm_head": ("next",)}
+
+
+def _joins(op: Op) -> tuple[str, ...]:
+    return op.split.merge_on if op.split else op.experts.merge_on if op.experts else (op.device,)
+
+
+def _reads(op: Op) -> dict[str, tuple[str, ...]]:
+    parts = ("cpu", "gpu") if op.device == "split" else (op.device,)
+    fresh = op.kv_read in ("fresh", "window")  # this step's K / V besides the cache
+    return {"embed": {"ids": ("cpu",) if op.gather else parts},
+            "qkv": {"x": parts}, "up": {"x": parts}, "lm_head": {"x": parts}, "router": {"x": parts},
+            "attn": {"q": parts, **({"k": parts, "v": parts} if fresh else {})},
+            "score": {"q": parts, **({"k": parts} if fresh else {})},
+            "context": {"p": parts, **({"v": parts} if fresh else {})},
+            "out_proj": {"o": parts, "x": _joins(op)}, "down": {"h": parts, "x": _joins(op)},
+            "experts": {**{v: op.experts.devices() for v in ("h", "ei", "ew")}, "x": _joins(op)} if op.experts
+            else {}}[op.kind]
+
+
+def _dataflow_errors(ops, ids_on: str, bring: bool) -> list[str]:
+    """Run the ops' moves over where each value is; each op's reads must find their values. With `bring` (a pass over
+    some layers only, Executor._forward_alone), an op first gets its inputs where `Op.inputs_at` says; without, a
+    whole pass, `inputs_at` must be where they are."""
+    where, errors = {"ids": {ids_on}}, []
+    for op in ops:
+        if op.kind in ("wait", "release"):
+            continue
+        name = f"{op.group} layer {op.layer} {op.kind}"
+        for value, devices in op.inputs_at:
+            if bring:
+                where[value] |= set(devices)
+            elif where.get(value) != set(devices):
+                errors.append(f"{name}: {value} is on {where.get(value)}, inputs_at says {devices}")
+        for move in (m for m in op.moves if m.value != "next"):
+            if move.src not in where.get(move.value, ()):
+                errors.append(f"{name}: moves {move.value} from {move.src}, not there")
+            where.setdefault(move.value, set()).add(move.dst)
+        for value, devices in _reads(op).items():
+            if not set(devices) <= where.get(value, set()):
+                errors.append(f"{name}: reads {value} on {devices}, it is on {where.get(value)}")
+        for value in _PRODUCES[op.kind]:
+            where[value] = set(_joins(op))
+        for move in (m for m in op.moves if m.value == "next"):
+            if move.src not in where["next"]:
+                errors.append(f"{name}: moves the token from {move.src}, not there")
+    return errors
+
+
+def _committed_plans():
+    from pathlib import Path
+
+    repo = Path(__file__).parents[2]
+    return sorted(p for p in (repo / "plans").glob("*/*.yaml") if p.name != "index.yaml")
+
+
+def test_every_committed_plan_reads_each_value_where_it_is_in_a_whole_pass_and_in_the_warm_up(monkeypatch):
+    """Over the checked-in plans (their real shapes): in a pass over every layer, each op finds its inputs where it
+    reads them after its moves; in the warm-up's pass (the first layer of each group), too, once it has brought
+    them where `inputs_at` says. Without that, a split op whose input a skipped layer joined on its other device
+    failed (KeyError 'cpu': bench/results/h200-2026-12-02/moe-fix, a split LM head after split experts)."""
+    import functools
+
+    import liac.runtime.schedule as schedule_module
+    from liac.plan import load_plan
+
+    monkeypatch.setattr(schedule_module, "model_params", functools.cache(schedule_module.model_params))
+    paths = _committed_plans()
+    assert len(paths) > 50
+    warmed_splits = 0
+    for path in paths:
+        plan = load_plan(path)
+        schedule = build_schedule(plan)
+        for phase, program in schedule.phases.items():
+            ops = program.ops
+            embed = next(op for op in ops if op.kind == "embed")
+            ids_on = "cpu" if phase == "prefill" or embed.gather else embed.device
+            firsts = {}
+            for op in ops:
+                firsts.setdefault(op.group, op.layer)
+            alone = [op for op in ops if firsts[op.group] == op.layer]
+            assert _dataflow_errors(ops, ids_on, bring=False) == [], (path.name, phase)
+            assert _dataflow_errors(alone, ids_on, bring=True) == [], (path.name, phase)
+            warmed_splits += any(op.device == "split" for op in alone)
+    assert warmed_splits > 0

@@ -12,11 +12,13 @@ import threading
 import pytest
 import torch
 from runtime_plans import (BACKENDS, FAMILIES, NEW_TOKENS, PROMPT, assert_bf16_logits_close, make_plan,
-                           make_test_backend)
+                           make_test_backend, placement)
 
 import liac.runtime.kernels as kernels
 from liac.errors import LiacError
+from liac.models import SUBLAYERS
 from liac.models.config import ModelConfig
+from liac.plan import LayerGroup
 from liac.runtime import Engine, HostWeights, RandomWeights, build_schedule
 from liac.runtime.backend import EmulatedBackend
 from liac.runtime.metrics import build_metrics
@@ -210,3 +212,43 @@ def test_a_split_that_reads_the_buffer_last_releases_it_after_its_join(monkeypat
         assert log[at - 2:at] == [("gpu", d - d * 333 // 1000), ("cpu", d * 333 // 1000)]
         if index + n < units:  # the copy into the released buffer is queued only now, after the join
             assert log[at + 1] == ("issue", index + n)
+
+
+def _joins_differ_within_a_group(cfg, reader: str) -> tuple:
+    """Layer groups whose first decoder layer's down projection (split, weights in DDR) joins on other devices than
+    their last one's, because the next layer reads the residual stream on the GPU alone but what follows the group
+    reads it on both devices: the split LM head (`reader='head'`: groups of layers {0}, {1, 2}) or the next group's
+    split qkv (`reader='qkv'`: groups {0, 1}, {2}). The warm-up runs only the first layer of each group."""
+    names = SUBLAYERS[cfg.family]
+
+    def layer(split: tuple[str, ...]) -> tuple:
+        return tuple(placement(n, "split", "split", "ddr", 500, 500) if n in split
+                     else placement(n, "gpu", "gpu", "none" if n.startswith("attn_") else "hbm") for n in names)
+
+    first, then = ((0, 1), (1, 2)) if reader == "head" else ((0, 2), (2, 1))
+    return (LayerGroup("embed", "embed", 0, 1, "none", (placement("embed", "gpu", "gpu", "ddr"),)),
+            LayerGroup("a", "decoder", first[0], first[1], "hbm", layer((names[-1],))),
+            LayerGroup("b", "decoder", then[0], then[1], "hbm",
+                       layer((names[-1],) if reader == "head" else (names[0], names[-1]))),
+            LayerGroup("head", "head", 0, 1, "none",
+                       (placement("lm_head", "split", "split", "ddr", 500, 500) if reader == "head"
+                        else placement("lm_head", "gpu", "gpu", "hbm"),)))
+
+
+@pytest.mark.parametrize("reader", ("head", "qkv"))
+def test_warm_up_finds_a_split_ops_input_that_a_skipped_layer_joins(checkpoints, reference, reader):
+    """Where a split op joins depends on the next layer, so a group's layers may leave the residual stream on
+    different devices; the warm-up, which skips all but the first layer of each group, must still run, and the
+    request after it match HF's tokens and logits."""
+    directory, cfg = checkpoints("llama")
+    plan = make_plan(cfg, layer_groups=_joins_differ_within_a_group(cfg, reader))
+    schedule = build_schedule(plan)
+    joins = [op.split.merge_on for op in schedule.phases["decode"].ops if op.kind == "down"]
+    # the layer before the split reader joins on both devices, the others where the next qkv (or the head) reads
+    assert joins == ([("gpu",), ("cpu", "gpu"), ("gpu",)] if reader == "qkv" else [("gpu",), ("gpu",), ("cpu", "gpu")])
+    engine = Engine.from_plan(plan, directory, backend=make_test_backend("emulated"), dtype=torch.float32)
+    assert engine.warmup_request == (2, 8)
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference("llama")
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
