@@ -93,17 +93,33 @@ def test_split_layer_time_by_hand():
     permille = (1000, 1000, 1000, 1000, 600, 0)  # fc1 is 60 % on the CPU, fc2 on the GPU
     priced = layer_time(costs, dec, "decode", tiers, np.array([permille]))
     seconds, staging, valid = priced.seconds, priced.staging_bytes, priced.valid
+    total, _, most = _split_fc1_by_hand(costs, dec)
+    assert valid[0]
+    assert seconds[0] == pytest.approx(total, rel=1e-12)
+    assert staging[0] == pytest.approx(most)
+    assert costs.split_sync_seconds == HW.split_sync_seconds > 0
+    # a split needs its weights off HBM; a share off the grid is a programming error
+    tiers_hbm = ("ddr", "ddr", "ddr", "ddr", "hbm", "ddr")
+    assert not layer_time(costs, dec, "decode", tiers_hbm, np.array([permille])).valid[0]
+    with pytest.raises(ValueError, match="not 500"):
+        layer_time(costs, dec, "decode", tiers, np.array([(1000, 1000, 1000, 1000, 500, 0)]))
+
+
+def _split_fc1_by_hand(costs, dec, op=0.0):
+    """Eqs. 15-18 (and Eq. 24's `op` per unit the runtime runs, SPLIT_OPS = 3 for the split) summed by hand for
+    TINY's decoder as CCCC[S]G, fc1 60 % on the CPU, everything in DDR: (layer seconds, chain seconds, most
+    streamed bytes in a step)."""
     pc, lat = dec.decode, HW.pcie_latency_seconds
     idx = {name: i for i, name in enumerate(dec.units)}
 
     def edge(a, b):
         return next(e for e in pc.edges if (e.src, e.dst) == (idx[a], idx[b]))
 
-    total = most = 0.0
+    total = chains = most = 0.0
     for t in range(pc.steps):
         u = pc.units
-        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t]) + HW.split_sync_seconds
-        chain = sum(u[i].cpu_seconds[1][t] for i in range(4)) + fc1 + u[5].gpu_seconds[t]
+        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t]) + HW.split_sync_seconds + 3 * op
+        chain = sum(u[i].cpu_seconds[1][t] + op for i in range(4)) + fc1 + u[5].gpu_seconds[t] + op
         cpu = sum(u[i].cpu_seconds[1][t] for i in range(4)) + u[4].split_cpu_seconds[0][1][t]
         beside = sum(u[i].cpu_beside_bytes[1][t] for i in range(4)) + u[4].split_cpu_beside_bytes[0][1][t]
         chain += edge("out_proj", "fc1").h2d_seconds[t]  # CPU → the split fc1's GPU part: all of it
@@ -114,16 +130,9 @@ def test_split_layer_time_by_hand():
         cpu_read = sum(u[i].cpu_read_bytes[t] for i in range(4)) + u[4].split_cpu_read_bytes[0][t]
         total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
                      by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+        chains += chain
         most = max(most, stream)
-    assert valid[0]
-    assert seconds[0] == pytest.approx(total, rel=1e-12)
-    assert staging[0] == pytest.approx(most)
-    assert costs.split_sync_seconds == HW.split_sync_seconds > 0
-    # a split needs its weights off HBM; a share off the grid is a programming error
-    tiers_hbm = ("ddr", "ddr", "ddr", "ddr", "hbm", "ddr")
-    assert not layer_time(costs, dec, "decode", tiers_hbm, np.array([permille])).valid[0]
-    with pytest.raises(ValueError, match="not 500"):
-        layer_time(costs, dec, "decode", tiers, np.array([(1000, 1000, 1000, 1000, 500, 0)]))
+    return total, chains, most
 
 
 def test_runtime_op_seconds_on_the_chain_by_hand():
@@ -138,28 +147,8 @@ def test_runtime_op_seconds_on_the_chain_by_hand():
     tiers = ("ddr",) * 6
     permille = (1000, 1000, 1000, 1000, 600, 0)
     priced = layer_time(costs, dec, "decode", tiers, np.array([permille]))
-    pc, lat = dec.decode, HW.pcie_latency_seconds
-    idx = {name: i for i, name in enumerate(dec.units)}
-
-    def edge(a, b):
-        return next(e for e in pc.edges if (e.src, e.dst) == (idx[a], idx[b]))
-
-    total = chains = 0.0
-    for t in range(pc.steps):
-        u = pc.units
-        fc1 = max(u[4].split_cpu_seconds[0][1][t], u[4].split_gpu_seconds[0][t]) + HW.split_sync_seconds + 3 * op
-        chain = sum(u[i].cpu_seconds[1][t] + op for i in range(4)) + fc1 + u[5].gpu_seconds[t] + op
-        cpu = sum(u[i].cpu_seconds[1][t] for i in range(4)) + u[4].split_cpu_seconds[0][1][t]
-        beside = sum(u[i].cpu_beside_bytes[1][t] for i in range(4)) + u[4].split_cpu_beside_bytes[0][1][t]
-        chain += edge("out_proj", "fc1").h2d_seconds[t]
-        chain += 0.6 * (edge("fc1", "fc2").h2d_seconds[t] - lat) + lat
-        chain += edge("out_proj", "fc2").h2d_seconds[t]
-        chain += edge("fc2", "qkv").d2h_seconds[t] + edge("fc2", "out_proj").d2h_seconds[t]
-        stream = u[4].split_stream_bytes[0][t] + u[5].stream_bytes[t]
-        cpu_read = sum(u[i].cpu_read_bytes[t] for i in range(4)) + u[4].split_cpu_read_bytes[0][t]
-        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
-                     by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
-        chains += chain
+    total, chains, _ = _split_fc1_by_hand(costs, dec, op)
+    pc = dec.decode
     assert priced.seconds[0] == pytest.approx(total, rel=1e-12)
     assert priced.chain_seconds[0] == pytest.approx(chains, rel=1e-12)
     # a layer whose weights and cache sit in HBM runs on the GPU alone, bound by its chain: 6 ops more per step
