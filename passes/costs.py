@@ -45,7 +45,7 @@ __all__ = [
     "EdgeCosts", "PhaseCosts", "ClassCosts", "PrefillOption", "CostGraph", "annotate_costs", "node_seconds",
     "cpu_node_prices", "cpu_throughput_rows", "experts_touched", "transfer_seconds", "splittable",
     "microbatch_points", "prefill_microbatches", "activation_peak_bytes", "class_activation_peak",
-    "gpu_workspace_bytes",
+    "gpu_workspace_bytes", "prefill_blocks_dma",
 ]
 
 # What a unit's tier refers to: its weights, the KV cache (attention), or nothing (no operand in memory).
@@ -390,7 +390,8 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
 
     Seconds: Eq. 1. Beside bytes: what PCIe DMA can read from DDR while this kernel runs (Eq. 18): during its
     roofline part, whatever the shared DDR rate leaves beside the kernel's own reads of DDR (its weights in DDR, its
-    decode KV cache in DDR), at most the PCIe rate; during its launch overhead, the DMA alone.
+    decode KV cache in DDR), at most the PCIe rate; during its launch overhead, the DMA alone. A prefill kernel over
+    Q > 1 tokens leaves DMA its launch overhead only (`prefill_blocks_dma`).
     """
     flops, weights, kv, activations = _node_terms(sub, point, share)
     if tier == "cxl" and hw.cxl_gb_per_s <= 0:
@@ -408,8 +409,20 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     # The DDR bytes Eq. 6 counts for it (R_cpu,ddr): its weights, and a decode KV cache, when they are in DDR.
     ddr_bytes = (weights + (kv if phase == "decode" else 0.0)) if tier == "ddr" else 0.0 * weights
     h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
-    beside = np.minimum(h * busy, np.maximum(s * busy - ddr_bytes, 0.0)) + min(h, s) * hw.cpu_launch_seconds
+    if prefill_blocks_dma(phase, point):
+        # Eq. 18a, prefill: DMA reads DDR only in the kernel's launch overhead, not beside its many-row GEMM
+        # (measured on the H200: docs/cost-model.md §2b)
+        beside = 0.0 * busy + min(h, s) * hw.cpu_launch_seconds
+    else:
+        beside = np.minimum(h * busy, np.maximum(s * busy - ddr_bytes, 0.0)) + min(h, s) * hw.cpu_launch_seconds
     return busy + hw.cpu_launch_seconds, beside
+
+
+def prefill_blocks_dma(phase: str, point: tuple[int, int, int]) -> bool:
+    """Eq. 18a's prefill case: whether a CPU kernel at `point` (B, Q, C) leaves PCIe DMA no DDR beside it. True
+    for a prefill over more than one query token (its GEMMs run at M = B·Q rows); the LM head's prefill (Q = 1) and
+    decode steps keep the fluid model."""
+    return phase == "prefill" and point[1] > 1
 
 
 def splittable(subs: list[Sublayer]) -> bool:

@@ -170,6 +170,28 @@ def test_beside_bytes_of_fc1_on_the_cpu_by_hand():
     assert fc1.cpu_beside_bytes[2][0] == pytest.approx(min(pcie, shared) * cxl_seconds, rel=1e-12)
 
 
+def test_prefill_cpu_kernels_leave_dma_only_their_launch_overhead():
+    """Eq. 18a in prefill: a CPU kernel over B·Q > 1 rows leaves PCIe DMA no DDR beside its roofline part (the H200
+    runs: splits and CPU units in prefill did not overlap the weight stream), only its launch overhead; the same
+    unit in decode keeps the fluid model, and so does the LM head's prefill (Q = 1), for a whole unit and a split's
+    CPU part alike."""
+    B, prompt = 2, 8
+    costs = costs_for(batch=B, prompt=prompt)
+    lam = HW.cpu_launch_seconds
+    alone = min(HW.pcie_h2d_gb_per_s, HW.ddr_shared_gb_per_s) * GB * lam  # per kernel: its launch, DMA alone
+    fc1 = unit(costs, "decoder", "prefill", "fc1")
+    for tier in (1, 2):  # DDR and CXL: no DDR beside the kernels either way
+        assert fc1.cpu_beside_bytes[tier][0] == pytest.approx(3 * alone, rel=1e-12)
+        for k in range(len(costs.split_permille)):
+            assert fc1.split_cpu_beside_bytes[k][tier][0] == pytest.approx(3 * alone, rel=1e-12)
+    decode = unit(costs, "decoder", "decode", "fc1")
+    assert decode.cpu_beside_bytes[1][0] > 3 * alone  # decode: DMA beside the kernels (Eq. 18a as before)
+    head = unit(costs, "head", "prefill", "lm_head")
+    head_decode = unit(costs, "head", "decode", "lm_head")
+    assert head.cpu_beside_bytes[1][0] == pytest.approx(head_decode.cpu_beside_bytes[1][0], rel=1e-12)
+    assert head.cpu_beside_bytes[1][0] > alone
+
+
 def test_expected_distinct_experts_matches_enumeration():
     """E·(1 − (1 − k/E)^n) against the mean over every top-k routing of n tokens (uniform, distinct experts)."""
     for experts, top_k, tokens in [(4, 2, 1), (4, 2, 2), (4, 2, 3), (5, 1, 3), (8, 2, 2)]:

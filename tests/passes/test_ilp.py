@@ -1030,3 +1030,24 @@ def test_one_pricer_over_many_tier_vectors_prices_each_row_as_alone():
                 alone = layer_time(costs, cls, phase, tiers, permille[k:k + 1])
                 assert together.seconds[k] == alone.seconds[0] and together.chain_seconds[k] == alone.chain_seconds[0]
                 assert together.staging_bytes[k] == alone.staging_bytes[0] and together.valid[k] == alone.valid[0]
+
+
+@pytest.mark.parametrize("batch, prompt", [(8, 128), (1, 1024)])
+def test_no_prefill_split_where_the_h200_measured_it_slower(batch, prompt):
+    """OPT-30B at 24 GiB on the shipped h200-measured profile: with the fluid Eq. 18a in prefill (DMA beside the
+    CPU's many-row GEMMs) the ILP split 48 decoder layers' qkv or fc1 at 10 % CPU, plans that measured 1486 ms
+    (batch 8) and 802 ms (prompt 1024) against 729 and 755 for the whole-unit plans (2026-12-02); with DMA
+    reading DDR only outside the CPU's prefill kernels (Eq. 18a, prefill) no decoder layer splits in prefill."""
+    hw = resolve_profile("h200-measured")
+    graph = hand_graph(ZOO["opt-30b"])
+    budgets = TierBudgets(24 * GIB, hw.cpu_budget_bytes, 0)
+
+    def prefill_splits(costs) -> int:
+        assignment, report = solve_placement(costs)
+        assert report.status == "optimal"
+        return sum(count for name, config, count in assignment.choices
+                   if name == "decoder" and any(0 < p < 1000 for p in config.prefill_cpu_permille))
+
+    assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) == 0
+    with mock.patch.object(costs_module, "prefill_blocks_dma", lambda phase, point: False):
+        assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) >= 40
