@@ -7,7 +7,8 @@
 CALL is a result folder of bench/h200.py (runs.json, run-profile.yaml, plans.tgz or plans.tar.gz). Each run's plan is
 priced with `liac.passes.price.price_plan` under the profile (default: the call's run-profile.yaml) and printed
 beside the plan's own prediction (the cost model it was compiled with) and the run's measured decode ms/token and
-first prefill ms; `error` is repriced / measured − 1.
+first prefill ms; `error` is repriced / measured − 1 (for each phase); `splits` counts the split units of a decode
+step, `pre` those of the prefill pass (a run that measured nothing prints '-').
 
 --op-seconds-from-runs sets the profile's `runtime_op_seconds` (docs/cost-model.md Eq. 24) for a call whose
 footprint stage did not measure it: the median, over the GPU units whose input crosses PCIe in the runs'
@@ -16,8 +17,9 @@ the host time a unit costs beyond its kernels when it synchronises with the othe
 offloading plan do (each such op also pays the profiling pass's two synchronisations: a slight overestimate). The
 footprint stage measures the same on small runs that cross PCIe (liac.host.runtime_op_seconds).
 
---recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget, prompt and
-generation length) and prints what the ILP picks: its split units per decode step and its predicted decode.
+--recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget and generation
+length, at each prompt length its plans ran) and prints what the ILP picks: its split units per decode step and per
+prefill, its predicted decode and prefill.
 No GPU is needed; prints a table, writes nothing.
 """
 
@@ -97,8 +99,11 @@ def reprice(folder: Path, profile, plans: dict) -> list[dict]:
             graphs[key] = trace_model(plan.model_config)
         price = price_plan(plan, hw=profile, graph=graphs[key])
         splits = sum(g.layer_count for g in plan.spec.layer_groups for s in g.sublayers if s.decode == "split")
+        prefill_splits = sum(g.layer_count for g in plan.spec.layer_groups for s in g.sublayers
+                             if s.prefill == "split")
         summary = run.get("summary") or {}
         rows.append({"plan": run["plan"], "batch": plan.spec.workload.batch_size, "splits": splits,
+                     "prompt": plan.spec.workload.prompt_len, "prefill_splits": prefill_splits,
                      "measured_decode_ms": summary.get("decode_ms_per_token"),
                      "planned_decode_ms": run["predicted"]["decode_ms_per_token"],
                      "repriced_decode_ms": price.decode_seconds_per_token * 1e3,
@@ -111,20 +116,26 @@ def reprice(folder: Path, profile, plans: dict) -> list[dict]:
 def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[dict]:
     from liac.api import compile_plans
 
-    sample = next(iter(plans.values()))
-    spec = sample.spec
-    result = compile_plans(sample.model_config, profile, batches=tuple(batches), prompt_len=spec.workload.prompt_len,
-                           gen_len=spec.workload.gen_len, gpu_mem=spec.budgets.gpu_bytes,
-                           cpu_mem=spec.budgets.cpu_bytes)
     out = []
-    for point in result.points:
-        plan = point.plan
-        splits = [(g.name, g.layer_count, s.name, s.decode_cpu_permille) for g in plan.spec.layer_groups
-                  for s in g.sublayers if s.decode == "split"]
-        out.append({"batch": plan.spec.workload.batch_size,
-                    "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
-                    "split_units": sum(n for _, n, _, _ in splits),
-                    "splits": ", ".join(f"{g}×{n} {u}@{p}‰" for g, n, u, p in splits) or "none"})
+    for prompt_len in sorted({p.spec.workload.prompt_len for p in plans.values()}):
+        spec = next(p for p in plans.values() if p.spec.workload.prompt_len == prompt_len).spec
+        sample = next(p for p in plans.values() if p.spec.workload.prompt_len == prompt_len)
+        result = compile_plans(sample.model_config, profile, batches=tuple(batches), prompt_len=prompt_len,
+                               gen_len=spec.workload.gen_len, gpu_mem=spec.budgets.gpu_bytes,
+                               cpu_mem=spec.budgets.cpu_bytes)
+        for point in result.points:
+            plan = point.plan
+            splits = [(g.name, g.layer_count, s.name, s.decode_cpu_permille) for g in plan.spec.layer_groups
+                      for s in g.sublayers if s.decode == "split"]
+            prefill = [(g.name, g.layer_count, s.name, s.prefill_cpu_permille) for g in plan.spec.layer_groups
+                       for s in g.sublayers if s.prefill == "split"]
+            out.append({"batch": plan.spec.workload.batch_size, "prompt": prompt_len,
+                        "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
+                        "prefill_ms": plan.status.predicted.prefill_seconds * 1e3,
+                        "split_units": sum(n for _, n, _, _ in splits),
+                        "splits": ", ".join(f"{g}×{n} {u}@{p}‰" for g, n, u, p in splits) or "none",
+                        "prefill_split_units": sum(n for _, n, _, _ in prefill),
+                        "prefill_splits": ", ".join(f"{g}×{n} {u}@{p}‰" for g, n, u, p in prefill) or "none"})
     return out
 
 
@@ -182,16 +193,28 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(note)
     out = io.StringIO()
-    out.write(f"{'plan':44s} {'splits':>6s} {'decode ms/token: measured':>25s} {'planned':>8s} {'repriced':>9s} "
-              f"{'error':>7s} | {'prefill ms: measured':>20s} {'repriced':>9s}\n")
+    out.write(f"{'plan':44s} {'splits':>6s} {'pre':>3s} {'decode ms/token: measured':>25s} {'planned':>8s} "
+              f"{'repriced':>9s} {'error':>7s} | {'prefill ms: measured':>20s} {'planned':>8s} {'repriced':>9s} "
+              f"{'error':>7s}\n")
+
+    def cell(value, width: int, form: str = ".1f") -> str:
+        return f"{value:{form[0] if form[0] == '+' else ''}{width}{form.lstrip('+')}}" if value is not None else f"{'-':>{width}s}"
+
+    def error(repriced, measured):
+        return repriced / measured - 1 if measured else None
+
     for row in rows:
-        error = row["repriced_decode_ms"] / row["measured_decode_ms"] - 1 if row["measured_decode_ms"] else float("nan")
-        out.write(f"{row['plan']:44s} {row['splits']:6d} {row['measured_decode_ms']:25.1f} "
-                  f"{row['planned_decode_ms']:8.1f} {row['repriced_decode_ms']:9.1f} {error:+7.1%} | "
-                  f"{row['measured_prefill_ms']:20.1f} {row['repriced_prefill_ms']:9.1f}\n")
+        decode_error = error(row["repriced_decode_ms"], row["measured_decode_ms"])
+        out.write(f"{row['plan']:44s} {row['splits']:6d} {row['prefill_splits']:3d} "
+                  f"{cell(row['measured_decode_ms'], 25)} {row['planned_decode_ms']:8.1f} "
+                  f"{row['repriced_decode_ms']:9.1f} {cell(decode_error, 7, '+.1%')} | "
+                  f"{cell(row['measured_prefill_ms'], 20)} {row['planned_prefill_ms']:8.1f} "
+                  f"{row['repriced_prefill_ms']:9.1f} "
+                  f"{cell(error(row['repriced_prefill_ms'], row['measured_prefill_ms']), 7, '+.1%')}\n")
     for pick in picks:
-        out.write(f"recompiled b{pick['batch']}: decode {pick['decode_ms']:.1f} ms/token predicted, "
-                  f"{pick['split_units']} split units per step ({pick['splits']})\n")
+        out.write(f"recompiled b{pick['batch']} p{pick['prompt']}: decode {pick['decode_ms']:.1f} ms/token, prefill "
+                  f"{pick['prefill_ms']:.1f} ms predicted; {pick['split_units']} split units per decode step "
+                  f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']})\n")
     print(out.getvalue(), end="")
     return 0
 

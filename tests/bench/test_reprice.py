@@ -35,8 +35,9 @@ def test_op_seconds_from_runs_is_the_median_over_crossing_gpu_units():
 
 def test_reprice_with_the_calls_own_profile_gives_the_plans_predictions():
     """The committed call 4 (2026-12-02): priced with its run-profile.yaml as it was (runtime_op_seconds absent,
-    so 0), each plan re-prices to the prediction the run recorded; the term adds to every plan, and more to a plan
-    with split units."""
+    so 0), each plan re-prices to the decode the run recorded, and to its prefill where the prefill computes nothing
+    on the CPU (a plan with CPU work in its prefill now prices higher: Eq. 18a's prefill case, no DMA beside the
+    CPU's many-row kernels); the term adds to every plan, and more to a plan with split units."""
     from liac.profile import resolve_profile
 
     profile = resolve_profile(str(CALL / "run-profile.yaml"))
@@ -44,9 +45,18 @@ def test_reprice_with_the_calls_own_profile_gives_the_plans_predictions():
     plans = reprice.load_call_plans(CALL)
     rows = reprice.reprice(CALL, profile, plans)
     assert len(rows) == 8
+    cpu_prefills = 0
     for row in rows:
         assert row["repriced_decode_ms"] == pytest.approx(row["planned_decode_ms"], rel=1e-5)
-        assert row["repriced_prefill_ms"] == pytest.approx(row["planned_prefill_ms"], rel=1e-5)
+        plan = plans[row["plan"]]
+        cpu_prefill = any(s.prefill != "gpu" for g in plan.spec.layer_groups if g.layer_class == "decoder"
+                          for s in g.sublayers)
+        cpu_prefills += cpu_prefill
+        if cpu_prefill:
+            assert row["repriced_prefill_ms"] > 1.1 * row["planned_prefill_ms"]
+        else:
+            assert row["repriced_prefill_ms"] == pytest.approx(row["planned_prefill_ms"], rel=1e-5)
+    assert cpu_prefills == 4  # the split plans at batch 1, 8, 32 and the whole one at batch 1 (qkv on the CPU)
     import dataclasses
 
     with_ops = reprice.reprice(CALL, dataclasses.replace(profile, runtime_op_seconds=3e-4), plans)
@@ -60,4 +70,7 @@ def test_main_prints_a_table(capsys):
     assert reprice.main([str(CALL), "--set", "runtime_op_seconds=0.0002"]) == 0
     out = capsys.readouterr().out
     assert out.count("opt-30b.h200-run.") == 8 and "repriced" in out
+    header, first = out.splitlines()[:2]
+    assert header.count("error") == 2 and " pre " in header  # both phases' errors; prefill split units
+    assert first.split()[-1].endswith("%")  # the prefill error of a run that measured one
     assert reprice.main([str(CALL), "--set", "no_such_field=1"]) == 2
