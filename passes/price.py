@@ -302,13 +302,17 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
     the resident ones and the s = E − hbm − c streamed ones. Streamed experts are copied only when routed, so after
     the router: their expected routed bytes cross PCIe on the chain (the GPU meanwhile computing the resident
     experts), one expert's compute after the last copy, and the copies need `EXPERT_SLOTS` slots in the staging
-    buffer. Both devices at once: the slower part plus the sync of a split (Eq. 15)."""
+    buffer. Both devices at once: the slower part plus the sync of a split (Eq. 15), where (Eq. 21b) the CPU's part
+    begins once the one host thread has dispatched the GPU's routed experts (an op each, Eq. 24), and the routed
+    experts' copies and the CPU's expert reads share DDR while both run (Eq. 6 over the unit alone)."""
     experts = unit.experts
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside")}
     ok = np.ones(permille.size, dtype=bool)
     one_expert = np.asarray(unit.expert_bytes, dtype=np.float64)
     rate = _stream_rate(costs, tier) if tier in HOST_TIERS else 1.0
+    # E_hit / E per step: the share of an expert's weights a step reads, i.e. the chance that it is routed at all
+    routed = one_expert / unit.expert_slot_bytes if unit.expert_slot_bytes else np.zeros(steps)
     for option, value in enumerate(permille):
         cpu_count = experts_from_permille(int(value), experts)
         streamed = experts - hbm - cpu_count
@@ -325,7 +329,16 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             out["stream"][option] = streamed * one_expert
             out["staged"][option] = min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes
         both = cpu_count > 0 and gpu_count > 0
-        out["compute"][option] = (np.maximum(cpu, gpu_side) + (costs.split_sync_seconds if both else 0.0)
+        cpu_side, unit_seconds = cpu, None
+        if both:
+            # Eq. 21b: the host dispatches the GPU's routed experts before it computes the CPU's, an op each (Eq. 24)
+            cpu_side = cpu + gpu_count * routed * costs.runtime_op_seconds
+            if streamed and tier == "ddr":  # Eq. 6 over the unit: its copies and the CPU's reads share DDR
+                unit_seconds = (cpu_count + streamed) * one_expert / (costs.ddr_shared_gb_per_s * GB)
+        slower = np.maximum(cpu_side, gpu_side)
+        if unit_seconds is not None:
+            slower = np.maximum(slower, unit_seconds)
+        out["compute"][option] = (slower + (costs.split_sync_seconds if both else 0.0)
                                   + (SPLIT_OPS if both else 1) * costs.runtime_op_seconds)  # Eq. 24
         out["cpu"][option] = cpu
         if cpu_count:

@@ -28,7 +28,7 @@ from liac.passes import costs as costs_module
 from liac.passes.costs import (ClassCosts, CostGraph, EdgeCosts, Microbatch, PhaseCosts, TierBudgets, UnitCosts,
                                Workload, annotate_costs)
 from liac.passes.ilp import POLICIES, SolverOptions, phase_placements, solve_placement
-from liac.passes.price import layer_time, operand_tiers
+from liac.passes.price import SPLIT_OPS, layer_time, operand_tiers
 from liac.plan import EXPERT_SLOTS, TIERS
 from liac.profile import resolve_profile
 from liac.sizes import GIB
@@ -79,7 +79,12 @@ def eval_experts(costs: CostGraph, unit: UnitCosts, tier: str, hbm: int, value: 
     if streamed:
         rate = (costs.h2d_gb_per_s if tier == "ddr" else costs.cxl_stream_gb_per_s) * GB
         gpu_side = max(moved / rate + costs.pcie_latency_seconds, gpu_side) + unit.expert_gpu_seconds[1][step]
-    chain = max(cpu_seconds, gpu_side) + (costs.split_sync_seconds if cpu and gpu else 0.0)
+    cpu_side, op = cpu_seconds, costs.runtime_op_seconds
+    if cpu and gpu:  # Eq. 21b: the GPU's routed experts dispatched first, an op each; Eq. 6 over the unit
+        cpu_side += gpu * unit.expert_bytes[step] / unit.expert_slot_bytes * op
+        if streamed and tier == "ddr":
+            cpu_side = max(cpu_side, (cpu + streamed) * unit.expert_bytes[step] / (costs.ddr_shared_gb_per_s * GB))
+    chain = max(cpu_side, gpu_side) + ((costs.split_sync_seconds + SPLIT_OPS * op) if cpu and gpu else op)
     beside = unit.expert_cpu_beside_bytes[cpu][index][step] if cpu else 0.0
     return (chain, cpu_seconds, beside, moved, cpu * unit.expert_bytes[step],
             min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes)

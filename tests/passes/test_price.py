@@ -18,7 +18,7 @@ from liac.passes.costs import TierBudgets, Workload, annotate_costs
 from liac.passes.price import (SPLIT_OPS, dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices,
                                unit_times)
 from liac.passes.trace import trace_model
-from liac.plan import PHASES, load_plan
+from liac.plan import PHASES, TIERS, load_plan
 from liac.profile import profile_names, resolve_profile
 from liac.sizes import GB, GIB
 from liac.sweep import plan_files
@@ -283,3 +283,41 @@ def test_unit_prices_of_a_split_plan(plans):
             assert (p.cpu_seconds is None) == (weights == "hbm")
         if device == "split":
             assert 0 < p.cpu_permille < 1000 and p.split_seconds > sync
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An MoE experts unit split between the CPU and streamed experts (Eq. 21 with 21b)
+
+
+@pytest.mark.parametrize("op, shared", [(0.0, 60.0), (1e-3, 500.0), (2e-4, 95.0)])
+def test_split_experts_by_hand(op, shared):
+    """Mixtral-8x7B's experts unit, batch-1 decode, 4 of its 8 experts computed by the CPU from DDR and 4 streamed
+    when routed (none resident): the slowest of (a) the CPU's part, begun once the one host thread has dispatched
+    the GPU's routed experts (one op each, Eq. 24: 4 · E_hit/E of them), (b) the GPU's part (the routed copies at
+    the PCIe rate, then the last expert's compute) and (c) the copies and the CPU's expert reads sharing DDR for
+    the unit's duration (Eq. 6), plus the split's sync and SPLIT_OPS ops. A tight shared rate makes (c) bind, a
+    large op (a); the last case has the 2026-12-02 H200 call's op and shared rate (0.21 ms, 95 GB/s)."""
+    cfg = ZOO["mixtral-8x7b"].with_layers(2)
+    hw = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=op, ddr_shared_gb_per_s=shared)
+    costs = annotate_costs(trace_model(cfg), hw, Workload(1, 128, 4), BUDGETS)
+    dec = costs.layer_class("decoder")
+    names = [u.name for u in dec.decode.units]
+    index = names.index("experts")
+    unit = dec.decode.units[index]
+    permille = tuple(500 if n == "experts" else 0 for n in names)
+    tiers = tuple("ddr" for _ in names)
+    ddr = TIERS.index("ddr")
+    per_step = []
+    for step in range(dec.decode.steps):
+        one = unit.expert_bytes[step]               # an expert's routed bytes per step: W/E · E_hit/E
+        routed = one / unit.expert_slot_bytes       # E_hit / E
+        cpu = unit.expert_cpu_seconds[4][ddr][step] + 4 * routed * op
+        gpu = max(4 * one / (hw.pcie_h2d_gb_per_s * GB) + hw.pcie_latency_seconds,
+                  unit.expert_gpu_seconds[4][step]) + unit.expert_gpu_seconds[1][step]
+        both = 8 * one / (shared * GB)
+        per_step.append(max(cpu, gpu, both) + hw.split_sync_seconds + SPLIT_OPS * op)
+    (priced,) = [u for u in unit_times(costs, dec, "decode", tiers, permille) if u.name == "experts"]
+    assert priced.device == "split"
+    assert priced.compute_seconds == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
+    # at batch 1 two of 8 experts are routed: the step reads a quarter of each expert's weights (in expectation)
+    assert unit.expert_bytes[0] / unit.expert_slot_bytes == pytest.approx(0.25, rel=1e-12)
