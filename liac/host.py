@@ -242,6 +242,10 @@ class FootprintProbe:
     batch: int
     prompt_len: int
     activation_bytes: int  # Eq. 14's live-set model (the class maximum over the units on either device)
+    # whether its measured-over-modelled activations count toward `gpu_activation_factor`: not for `op_probes`,
+    # whose 2-3 MiB of modelled activations sit in the caching allocator's 20 MiB segments (an allocation of 1-10
+    # MiB takes one), so that their ratio (8.0 on the H200, 2026-12-02 c) measures the allocator's granularity
+    sets_factor: bool = True
 
 
 def footprint_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FOOTPRINT_MODELS) -> list[FootprintProbe]:
@@ -303,17 +307,18 @@ def op_probes(base: HardwareProfile, models: tuple[ModelConfig, ...] = FOOTPRINT
         modelled = class_activation_peak(graph, "decoder", Workload(4, 32, 2))
         result = compile_plans(cfg, base, batches=(4,), prompt_len=32, gen_len=2, gpu_mem=8 * GIB,
                                policy="lia-partial", resident_layers=False, graph=graph)
-        probes.extend(FootprintProbe(point.plan, 4, 32, int(modelled)) for point in result.points)
+        probes.extend(FootprintProbe(point.plan, 4, 32, int(modelled), sets_factor=False) for point in result.points)
     return probes
 
 
 def with_footprint(profile: HardwareProfile, probes: list[FootprintProbe], library_bytes: int, context_bytes: int,
                    activation_bytes: tuple[int, ...], decode_step_seconds: tuple[float, ...] = ()) -> HardwareProfile:
     """The profile with the footprint fields measured on this GPU (`runtime.footprint.measure_footprint`): the
-    activation factor is the largest measured-over-modelled ratio of the probes, never below 1; with the probes'
-    timed decode steps, also `runtime_op_seconds` (`runtime_op_seconds`, Eq. 24)."""
+    activation factor is the largest measured-over-modelled ratio of the probes that size it (`sets_factor`: not
+    the op probes), never below 1; with the probes' timed decode steps, also `runtime_op_seconds`
+    (`runtime_op_seconds`, Eq. 24)."""
     ratios = [measured / probe.activation_bytes for probe, measured in zip(probes, activation_bytes)
-              if probe.activation_bytes > 0]
+              if probe.activation_bytes > 0 and probe.sets_factor]
     factor = max([1.0, *ratios])
     how = f"liac profile on this host ({os.cpu_count()} CPUs)"
     sources = dict(profile.sources)

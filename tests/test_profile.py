@@ -163,6 +163,19 @@ def test_the_measured_footprint_goes_into_the_profile_with_a_context_margin():
     assert (profile.gpu_library_workspace_mib, profile.gpu_activation_factor) == (33.0, 1.1)
     assert not {"gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor"} & set(profile.estimates)
     assert with_footprint(base, probes, 0, 0, (50 * MIB, 60 * MIB)).gpu_activation_factor == 1.0
+    # an op probe (Eq. 24's runs: 3 MiB modelled, 24 MiB reserved, the allocator's segments) does not size it
+    op = FootprintProbe(None, 4, 32, 3 * MIB, sets_factor=False)
+    profile = with_footprint(base, [*probes, op], 33 * MIB, 500 * MIB, (110 * MIB, 180 * MIB, 24 * MIB))
+    assert profile.gpu_activation_factor == 1.1 and "(1.10, 0.90)" in profile.sources["gpu_activation_factor"]
+
+
+def test_op_probes_do_not_size_the_activation_factor():
+    """liac.host.op_probes are for Eq. 24 only: their activations are too small for the allocator's granularity."""
+    from liac.host import FOOTPRINT_MODELS, footprint_probes, op_probes
+
+    base = resolve_profile("h200-measured")
+    assert all(not p.sets_factor for p in op_probes(base, FOOTPRINT_MODELS[:1]))
+    assert all(p.sets_factor for p in footprint_probes(base, FOOTPRINT_MODELS[:1]))
 
 
 def test_runtime_op_seconds_from_the_probes_timed_decode_steps():
