@@ -471,7 +471,7 @@ class MoeBench:
             row = {"contender": contender, "batch": int(batch), "predicted": run["predicted"], "measured": got,
                    "floor_decode_ms_per_token": None, "floor_prefill_ms": None,
                    "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
-                   "gpu_peak_gib": _gpu_peak_gib(run)}
+                   "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu")}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -487,7 +487,9 @@ class MoeBench:
                       f"{row.get('floor_prefill_ms') or float('nan'):8.1f} | "
                       f"{got['decode_ms_per_token']:13.1f} {run['predicted']['decode_ms_per_token']:8.1f} "
                       f"{row['floor_decode_ms_per_token'] or float('nan'):8.1f} | {error:+.0%}"
-                      f" | {row['cpu_threads']} threads, GPU peak {row['gpu_peak_gib']} GiB")
+                      f" | {row['cpu_threads']} threads, GPU peak {row['gpu_peak_gib']} GiB"
+                      + ("" if not row["host_cpu"] else f", other processes {row['host_cpu']['others_cores']} "
+                         f"cores, stolen {row['host_cpu']['steal_cores']}"))
                 if row.get("batch1_experts_model_ms"):
                     print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
                         f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))

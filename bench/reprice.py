@@ -20,6 +20,10 @@ footprint stage measures the same on small runs that cross PCIe (liac.host.runti
 --recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget and generation
 length, at each prompt length its plans ran) and prints what the ILP picks: its split units per decode step and per
 prefill, its predicted decode and prefill.
+
+--units NAME,... prints, per run and layer group, the profiled decode step's ms of those units (runs.json
+`metrics.sublayers`, a mean per layer; a split also its CPU part and GPU part) beside the plan's own price and the
+re-priced one (compute + transfers), e.g. `--units experts` for an MoE call (bench/moe_h200.py).
 No GPU is needed; prints a table, writes nothing.
 """
 
@@ -34,7 +38,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "main"]
+__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "reprice_units", "main"]
 
 
 def load_call_plans(folder: Path) -> dict[str, object]:
@@ -113,6 +117,39 @@ def reprice(folder: Path, profile, plans: dict) -> list[dict]:
     return rows
 
 
+def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[dict]:
+    """Per run and decode row of its profiled step whose units include one of `names`: measured, planned and
+    re-priced ms per layer (compute + transfers, as `liac explain` and the row's own prediction add them)."""
+    from liac.passes.price import price_plan
+
+    runs = json.loads((folder / "runs.json").read_text())["runs"]
+    rows, graphs = [], {}
+    for run in runs:
+        plan = plans.get(run["plan"])
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
+                   if e.get("phase") == "decode" and names & set(e.get("sublayers", ()))]
+        if plan is None or not entries:
+            continue
+        key = plan.spec.model.config_sha256
+        if key not in graphs:
+            from liac.passes.trace import trace_model
+
+            graphs[key] = trace_model(plan.model_config)
+        groups = {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+        for entry in entries:
+            group = groups.get(entry["group"])
+            if group is None:
+                continue
+            units = [u for u in group.units["decode"] if u.name in entry["sublayers"]]
+            rows.append({"plan": run["plan"], "batch": plan.spec.workload.batch_size, "group": entry["group"],
+                         "layers": group.group.layer_count, "device": entry["device"],
+                         "units": "+".join(entry["sublayers"]), "measured_ms": entry["measured_ms"],
+                         "cpu_part_ms": entry.get("measured_cpu_part_ms"),
+                         "gpu_part_ms": entry.get("measured_gpu_part_ms"), "planned_ms": entry.get("predicted_ms"),
+                         "repriced_ms": sum(u.compute_seconds + u.transfer_seconds for u in units) * 1e3})
+    return rows
+
+
 def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[dict]:
     from liac.api import compile_plans
 
@@ -156,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op-seconds-from-runs", action="store_true",
                         help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
+    parser.add_argument("--units", default="", metavar="NAME,...",
+                        help="per layer group, these units' profiled decode ms beside their prices")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
 
@@ -184,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = reprice(args.call, profile, plans)
         picks = _recompile(args.call, profile, plans, [int(b) for b in args.recompile.split(",")]) \
             if args.recompile else []
+        units = reprice_units(args.call, profile, plans, set(args.units.split(","))) if args.units else []
     except LiacError as e:
         print(f"reprice: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks}, indent=1))
+        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units}, indent=1))
         return 0
     for note in notes:
         print(note)
@@ -215,6 +255,15 @@ def main(argv: list[str] | None = None) -> int:
         out.write(f"recompiled b{pick['batch']} p{pick['prompt']}: decode {pick['decode_ms']:.1f} ms/token, prefill "
                   f"{pick['prefill_ms']:.1f} ms predicted; {pick['split_units']} split units per decode step "
                   f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']})\n")
+    if units:
+        out.write(f"{'plan':44s} {'group':>10s} {'layers':>6s} {'units':>8s} {'decode ms per layer: measured':>29s} "
+                  f"{'(CPU part, GPU part)':>20s} {'planned':>8s} {'repriced':>9s} {'error':>7s}\n")
+    for row in units:
+        parts = "" if row["cpu_part_ms"] is None else f"({row['cpu_part_ms']:.1f}, {row['gpu_part_ms']:.1f})"
+        planned = float("nan") if row["planned_ms"] is None else row["planned_ms"]
+        out.write(f"{row['plan']:44s} {row['group']:>10s} {row['layers']:6d} {row['units']:>8s} "
+                  f"{row['measured_ms']:29.2f} {parts:>20s} {planned:8.2f} {row['repriced_ms']:9.2f} "
+                  f"{row['repriced_ms'] / row['measured_ms'] - 1:+7.1%}\n")
     print(out.getvalue(), end="")
     return 0
 

@@ -34,7 +34,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunSpec", "run_plans", "estimate_seconds", "timeline_seconds", "main", "RESULTS_VERSION"]
+__all__ = ["RunSpec", "run_plans", "estimate_seconds", "timeline_seconds", "main", "RESULTS_VERSION",
+           "host_cpu_sample", "host_cpu_cores"]
 
 RESULTS_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +107,41 @@ def _phase_seconds(predicted, work, batch: int, prompt_len: int) -> tuple[float,
     prefill = predicted.prefill_seconds * min(1.0, batch * prompt_len / (work.batch_size * work.prompt_len))
     step = predicted.decode_seconds_per_token * min(1.0, batch / work.batch_size)
     return prefill, step
+
+
+def host_cpu_sample(stat_text: str | None = None) -> tuple[float, tuple[int, int, int], float] | None:
+    """(monotonic seconds, (busy, steal, total) jiffies of the host's aggregate `cpu` line of /proc/stat, this
+    process's CPU seconds, all threads) now; None where /proc/stat cannot be read (not Linux)."""
+    import resource
+
+    try:
+        text = stat_text if stat_text is not None else Path("/proc/stat").read_text()
+        fields = [int(v) for v in next(line for line in text.splitlines() if line.startswith("cpu "))
+                  .split()[1:]]
+    except (OSError, StopIteration, ValueError):
+        return None
+    fields += [0] * (8 - len(fields))
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    busy = user + nice + system + irq + softirq
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), (busy, steal, busy + idle + iowait + steal), usage.ru_utime + usage.ru_stime
+
+
+def host_cpu_cores(before, after, cpus: int | None = None) -> dict | None:
+    """Cores busy on average between two `host_cpu_sample`s: this process's, the rest of the host's (other
+    processes, the kernel's interrupts) and stolen by a hypervisor. The CPU experts of an MoE plan run one OpenMP
+    team over every core, so any other busy core delays each GEMV to its slowest thread."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    wall = after[0] - before[0]
+    busy, steal, total = (a - b for a, b in zip(after[1], before[1]))
+    if total <= 0:
+        return None
+    cpus = cpus or os.cpu_count() or 1  # shares of all CPUs' jiffies → cores
+    ours = (after[2] - before[2]) / wall
+    return {"wall_seconds": round(wall, 3), "ours_cores": round(ours, 2),
+            "others_cores": round(max(busy / total * cpus - ours, 0.0), 2),
+            "steal_cores": round(steal / total * cpus, 2)}
 
 
 def _timeline(plan, host, backend, ids) -> dict:
@@ -236,7 +272,9 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             with _restoring_threads(threads), engine:
                 record["build_seconds"] = round(engine.build_seconds, 3)
                 record["warmup_seconds"] = round(engine.warmup_seconds, 3)
+                sample = host_cpu_sample()
                 generation = engine.generate(ids, gen_len)
+                record["host_cpu"] = host_cpu_cores(sample, host_cpu_sample())  # during the timed generate
                 steps = min(profile_steps, gen_len - 1)
                 spent = time.perf_counter() - began
                 if steps and max_seconds is not None and spent > max_seconds:

@@ -74,3 +74,33 @@ def test_main_prints_a_table(capsys):
     assert header.count("error") == 2 and " pre " in header  # both phases' errors; prefill split units
     assert first.split()[-1].endswith("%")  # the prefill error of a run that measured one
     assert reprice.main([str(CALL), "--set", "no_such_field=1"]) == 2
+
+
+MOE_CALL = CALL.parent / "moe-peers"
+
+
+def test_reprice_units_of_an_moe_call():
+    """The committed Mixtral call (2026-12-02 c): each profiled decode row of the experts unit beside its price.
+    Whole experts units (all on the GPU, all on the CPU) re-price to the prediction the run recorded; a split one
+    to at least it (Eq. 21b only adds: the host's dispatch of the GPU's experts, DDR shared with the copies)."""
+    from liac.profile import resolve_profile
+
+    profile = resolve_profile(str(MOE_CALL / "run-profile.yaml"))
+    plans = reprice.load_call_plans(MOE_CALL)
+    rows = reprice.reprice_units(MOE_CALL, profile, plans, {"experts"})
+    assert {r["batch"] for r in rows} == {1, 8, 32} and all(r["units"] == "experts" for r in rows)
+    splits = [r for r in rows if r["device"] == "split"]
+    whole = [r for r in rows if r["device"] != "split"]
+    assert splits and whole
+    for row in whole:
+        assert row["repriced_ms"] == pytest.approx(row["planned_ms"], rel=1e-4)
+    for row in splits:
+        assert row["cpu_part_ms"] > 0 and row["gpu_part_ms"] > 0
+        assert row["repriced_ms"] >= row["planned_ms"] * (1 - 1e-4)
+    assert any(r["repriced_ms"] > r["planned_ms"] * 1.05 for r in splits)
+
+
+def test_main_prints_the_units_table(capsys):
+    assert reprice.main([str(MOE_CALL), "--units", "experts"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU part, GPU part" in out and out.count(" experts ") >= 20
