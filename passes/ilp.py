@@ -316,17 +316,30 @@ def _phase_fronts(costs: CostGraph, cls: ClassCosts, phase: str,
     most slack.
     """
     allowed, split = policy.allowed(phase)
-    placements = [phase_placements(cls, phase, tiers, costs.split_permille, allowed, split, max_split_units,
-                                   resident, hbm_experts) for tiers, resident, hbm_experts in vectors]
+    # A placement's rules read a unit's tier only as HBM, host (DDR or CXL) or none: tier vectors alike in that
+    # share their placements (one array, never written to).
+    shapes: dict = {}
+    placements, keys = [], []
+    for tiers, resident, hbm_experts in vectors:
+        shape = (tuple("host" if t in HOST_TIERS else t for t in tiers), resident, hbm_experts)
+        if shape not in shapes:
+            shapes[shape] = phase_placements(cls, phase, tiers, costs.split_permille, allowed, split,
+                                             max_split_units, resident, hbm_experts)
+        placements.append(shapes[shape])
+        keys.append(shape)
     # one pricer for every tier vector: each unit's and edge's terms priced once per share (price.LayerPricer)
-    pricer = LayerPricer(costs, cls, phase, np.concatenate([rows for rows, _ in placements])
+    pricer = LayerPricer(costs, cls, phase, np.concatenate([rows for rows, _ in shapes.values()])
                          if placements else np.zeros((0, len(cls.units)), dtype=np.int64))
+    # vectors sharing placements share their sums over the leading units where their tiers agree
+    prices = pricer.price_many([(tiers, permille, hbm_experts, key) for (tiers, _, hbm_experts), (permille, _), key
+                                in zip(vectors, placements, keys) if permille.shape[0]])
+    prices.reverse()
     fronts = []
     for (tiers, resident, hbm_experts), (permille, in_policy) in zip(vectors, placements):
         if permille.shape[0] == 0:
             fronts.append(None)
             continue
-        priced = pricer.price(tiers, permille, hbm_experts)
+        priced = prices.pop()
         seconds, staging, valid, chain = priced.seconds, priced.staging_bytes, priced.valid, priced.chain_seconds
         rows = np.nonzero(valid)[0]
         if rows.size == 0:

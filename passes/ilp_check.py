@@ -156,7 +156,8 @@ def certified_bound(costs: CostGraph, configs: dict[str, list[LayerConfig]], cer
         rows = sorted(configs[cls.layer_class], key=lambda c: c.staging_bytes)
         staging = np.array([c.staging_bytes for c in rows], dtype=np.float64)
         seconds = np.array([c.seconds for c in rows])
-        memory = np.array([[c.tier_bytes(t) for t in TIERS] for c in rows], dtype=np.float64).reshape(-1, 3) / GIB
+        memory = np.array([(c.hbm_bytes, c.ddr_bytes, c.cxl_bytes) for c in rows],  # TIERS order
+                          dtype=np.float64).reshape(-1, 3) / GIB
         upto = np.searchsorted(staging, levels, side="right")  # configurations streaming at most the level
         starts = np.flatnonzero(np.r_[True, staging[1:] != staging[:-1]]) if staging.size else np.zeros(0, int)
         group = np.minimum(np.searchsorted(staging[starts], levels), max(starts.size - 1, 0))

@@ -234,7 +234,8 @@ def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]
     capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
     out = []
     for tier in TIERS:
-        most = sum(cls.count * max((c.tier_bytes(tier) for c in configs[cls.layer_class]), default=0)
+        field = f"{tier}_bytes"
+        most = sum(cls.count * max((getattr(c, field) for c in configs[cls.layer_class]), default=0)
                    for cls in costs.classes)
         if capacity[tier] is None or most > capacity[tier]:
             out.append(tier)

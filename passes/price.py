@@ -389,15 +389,6 @@ def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
     return values.mean(axis=1)
 
 
-def _add(total: np.ndarray, term: np.ndarray) -> np.ndarray:
-    """total + term, in place where the shapes allow ([P, 1] terms are constant over the steps: they broadcast,
-    each element summed exactly as it would be from a full [P, steps] array)."""
-    if term.shape[1] > total.shape[1]:
-        return total + term
-    np.add(total, term, out=total)
-    return total
-
-
 def _table(values: np.ndarray) -> np.ndarray | None:
     """[V, steps] → itself, [V, 1] when constant over the steps, None when all zero (adding it changes nothing)."""
     values = np.asarray(values, dtype=np.float64)
@@ -470,54 +461,103 @@ class LayerPricer:
     def price(self, tiers: tuple[str, ...], cpu_permille, hbm_experts: int = 0) -> LayerTime:
         """`layer_time(costs, cls, phase, tiers, cpu_permille, hbm_experts)` (every share in `cpu_permille` must be
         one the pricer was built with)."""
-        costs, pc, phase = self.costs, self.pc, self.phase
+        return self.price_many([(tiers, cpu_permille, hbm_experts, None)])[0]
+
+    def price_many(self, items) -> list[LayerTime]:
+        """`price` for each (tiers, cpu_permille, hbm_experts, key) of `items`, in their order. Items with the same
+        `key` (not None) must have the same `cpu_permille` (one array, a tier vector's placements shared with
+        others): their sums over the first units are shared where their tiers agree on those units (the terms of
+        unit u added to the same partial sums: the same floats, bit for bit, as `price` alone)."""
+        out: list = [None] * len(items)
+        if self.pc.steps == 0:
+            for i, (tiers, permille, hbm_experts, _) in enumerate(items):
+                index = self._index(permille)
+                valid = np.ones(index.shape[0], dtype=bool)
+                for u in range(len(self.pc.units)):
+                    valid &= self._unit(u, tiers[u], hbm_experts)["ok"][index[:, u]]
+                num = index.shape[0]
+                out[i] = LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
+            return out
+        # in an order where items sharing placements and leading tiers follow each other
+        order = sorted(range(len(items)), key=lambda i: (
+            (0, id(items[i][1])) if items[i][3] is None else (1, items[i][3]), items[i][2],
+            _kv_tier(self.cls, items[i][0]) or "", items[i][0]))
+        base, index, stack, previous = None, None, [], ()
+        for i in order:
+            tiers, permille, hbm_experts, key = items[i]
+            kv_tier = _kv_tier(self.cls, tiers)
+            here = ((0, id(permille)) if key is None else (1, key), hbm_experts, kv_tier)
+            if here != base or key is None:
+                base, index, stack, previous = here, self._index(permille), [], ()
+            common = 0
+            while common < len(stack) and tiers[common] == previous[common]:
+                common += 1
+            del stack[common:]
+            state = stack[-1] if stack else self._start(index.shape[0])
+            for u in range(common, len(self.pc.units)):
+                state = self._add_unit(state, u, tiers[u], hbm_experts, kv_tier, index[:, u])
+                stack.append(state)
+            previous = tiers
+            out[i] = self._finish(state, index)
+        return out
+
+    def _index(self, cpu_permille) -> np.ndarray:
+        """[P, U] positions of each placement's shares among the ones priced per unit."""
+        pc = self.pc
         permille = np.asarray(cpu_permille, dtype=np.int64).reshape(-1, len(pc.units))
-        num = permille.shape[0]
         index = np.empty_like(permille)
         for u in range(len(pc.units)):
             index[:, u] = self.lookup[u, permille[:, u]]
         if (index < 0).any():
             raise ValueError(f"placements at CPU shares the pricer was not built with: {permille[(index < 0).any(axis=1)][0]}")
-        valid = np.ones(num, dtype=bool)
+        return index
+
+    @staticmethod
+    def _start(num: int) -> tuple:
+        """(valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store) before any unit."""
         zero = np.zeros((num, 1))
-        chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = (zero.copy() for _ in range(8))
-        kv_tier = _kv_tier(self.cls, tiers)
-        kv_beside = _overlapped_kv_write(phase, kv_tier)
-        for u in range(len(pc.units)):
-            options = self._unit(u, tiers[u], hbm_experts)
-            rows = index[:, u]
-            valid &= options["ok"][rows]
-            if pc.steps == 0:
-                continue
+        return (np.ones(num, dtype=bool),) + (zero,) * 8
 
-            def add(total, name):
-                table = options[name]
-                return total if table is None else _add(total, table[rows])
+    def _add_unit(self, state: tuple, u: int, tier: str, hbm_experts: int, kv_tier: str | None,
+                  rows: np.ndarray) -> tuple:
+        """The partial sums `state` with unit u's terms added (a new tuple; `state` is never written to)."""
+        valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
+        options = self._unit(u, tier, hbm_experts)
+        valid = valid & options["ok"][rows]
 
-            chain = add(chain, "compute")  # Eqs. 1, 15, 21
-            if tiers[u] in HOST_TIERS:
-                staged = add(staged, "staged")
-            cpu_seconds = add(cpu_seconds, "cpu")
-            beside = add(beside, "beside")
-            if tiers[u] == "ddr":
-                stream_ddr = add(stream_ddr, "stream")
-                cpu_ddr = add(cpu_ddr, "read")
-            elif tiers[u] == "cxl":
-                stream_cxl = add(stream_cxl, "stream")
-            if kv_tier is not None:
-                written = self._kv_write(u, kv_tier)  # Eq. 3
-                if written is not None:
-                    if kv_beside:
-                        store = _add(store, written[rows])
-                    else:
-                        chain = _add(chain, written[rows])
-        if pc.steps == 0:
-            return LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
+        def add(total, name):
+            table = options[name]
+            return total if table is None else total + table[rows]
+
+        chain = add(chain, "compute")  # Eqs. 1, 15, 21
+        if tier in HOST_TIERS:
+            staged = add(staged, "staged")
+        cpu_seconds = add(cpu_seconds, "cpu")
+        beside = add(beside, "beside")
+        if tier == "ddr":
+            stream_ddr = add(stream_ddr, "stream")
+            cpu_ddr = add(cpu_ddr, "read")
+        elif tier == "cxl":
+            stream_cxl = add(stream_cxl, "stream")
+        if kv_tier is not None:
+            written = self._kv_write(u, kv_tier)  # Eq. 3
+            if written is not None:
+                if _overlapped_kv_write(self.phase, kv_tier):
+                    store = store + written[rows]
+                else:
+                    chain = chain + written[rows]
+        return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
+
+    def _finish(self, state: tuple, index: np.ndarray) -> LayerTime:
+        """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20."""
+        costs, pc, phase = self.costs, self.pc, self.phase
+        valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
+        num = index.shape[0]
         for src, dst, width, copies in self._edge_tables():  # Eqs. 2, 17
             pair = index[:, src] * width + index[:, dst]
             for table in copies:
                 if table is not None:
-                    chain = _add(chain, table[pair])
+                    chain = chain + table[pair]
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
             chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]

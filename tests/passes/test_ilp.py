@@ -1056,3 +1056,35 @@ def test_no_prefill_split_where_the_h200_measured_it_slower(batch, prompt):
     assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) == 0
     with mock.patch.object(costs_module, "prefill_blocks_dma", lambda phase, point: False):
         assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) >= 40
+
+
+def test_tier_vectors_sharing_placements_share_leading_sums_bit_for_bit():
+    """`LayerPricer.price_many` shares the sums over the leading units between tier vectors with the same
+    placements (column generation keys them by HBM/host pattern); every row's price equals, bit for bit, the
+    vector priced alone, in any order of the items."""
+    from liac.passes.price import LayerPricer
+    from liac.plan import HOST_TIERS
+
+    costs = tiny_costs(2, "spr-h100-cxl", 16, 0.3, cxl=True, split=(250, 500, 750))
+    cls = costs.layer_class("decoder")
+    vectors = []
+    for weights in itertools.product(("hbm", "ddr", "cxl"), repeat=2):
+        for kv in ("hbm", "ddr", "cxl"):
+            full = tuple(weights[k % 2] if op == "weights" else "none" for k, op in enumerate(cls.operands))
+            vectors.append(operand_tiers(cls, full, kv))
+    for phase in ("prefill", "decode"):
+        shapes = {}
+        items = []
+        for tiers in vectors:
+            key = tuple("host" if t in HOST_TIERS else t for t in tiers)
+            if key not in shapes:
+                shapes[key] = phase_placements(cls, phase, tiers, costs.split_permille)[0]
+            items.append((tiers, shapes[key], 0, key))
+        assert len(shapes) < len(items)  # some vectors do share placements
+        pricer = LayerPricer(costs, cls, phase, np.concatenate(list(shapes.values())))
+        for order in (items, items[::-1]):
+            shared = pricer.price_many(order)
+            for (tiers, permille, _, _), together in zip(order, shared):
+                alone = LayerPricer(costs, cls, phase, permille).price(tiers, permille)
+                for field in ("seconds", "chain_seconds", "staging_bytes", "valid"):
+                    assert np.array_equal(getattr(together, field), getattr(alone, field)), (phase, tiers, field)
