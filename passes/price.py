@@ -426,6 +426,7 @@ class LayerPricer:
         self._options: dict = {}
         self._kv: dict = {}
         self._edges: list | None = None
+        self._gathered: dict = {}
 
     def _unit(self, index: int, tier: str, hbm_experts: int) -> dict:
         unit = self.pc.units[index]
@@ -489,6 +490,7 @@ class LayerPricer:
             here = ((0, id(permille)) if key is None else (1, key), hbm_experts, kv_tier)
             if here != base or key is None:
                 base, index, stack, previous = here, self._index(permille), [], ()
+                self._gathered = {}  # a table's rows at these placements: the same for every vector of the base
             common = 0
             while common < len(stack) and tiers[common] == previous[common]:
                 common += 1
@@ -524,10 +526,16 @@ class LayerPricer:
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         options = self._unit(u, tier, hbm_experts)
         valid = valid & options["ok"][rows]
+        gathered = self._gathered
 
         def add(total, name):
             table = options[name]
-            return total if table is None else total + table[rows]
+            if table is None:
+                return total
+            key = (u, tier, name)
+            if key not in gathered:
+                gathered[key] = table[rows]
+            return total + gathered[key]
 
         chain = add(chain, "compute")  # Eqs. 1, 15, 21
         if tier in HOST_TIERS:
@@ -542,10 +550,13 @@ class LayerPricer:
         if kv_tier is not None:
             written = self._kv_write(u, kv_tier)  # Eq. 3
             if written is not None:
+                key = (u, kv_tier, "kv")
+                if key not in gathered:
+                    gathered[key] = written[rows]
                 if _overlapped_kv_write(self.phase, kv_tier):
-                    store = store + written[rows]
+                    store = store + gathered[key]
                 else:
-                    chain = chain + written[rows]
+                    chain = chain + gathered[key]
         return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
 
     def _finish(self, state: tuple, index: np.ndarray) -> LayerTime:
@@ -553,11 +564,16 @@ class LayerPricer:
         costs, pc, phase = self.costs, self.pc, self.phase
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         num = index.shape[0]
-        for src, dst, width, copies in self._edge_tables():  # Eqs. 2, 17
-            pair = index[:, src] * width + index[:, dst]
-            for table in copies:
+        gathered = self._gathered
+        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):  # Eqs. 2, 17
+            pair = None
+            for k, table in enumerate(copies):
                 if table is not None:
-                    chain = chain + table[pair]
+                    key = ("edge", edge, k)
+                    if key not in gathered:
+                        pair = index[:, src] * width + index[:, dst] if pair is None else pair
+                        gathered[key] = table[pair]
+                    chain = chain + gathered[key]
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
             chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
