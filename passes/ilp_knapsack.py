@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class ClassColumns:
     staging: np.ndarray  # [K] int64
     uses_gpu: np.ndarray  # [K] bool
     weights_tier: np.ndarray  # [K] int: 0/1/2 = HBM/DDR/CXL for the ends' one weight unit, -1 otherwise
+    useful: dict = field(default_factory=dict, compare=False, repr=False)  # `useful_columns` per (level, tiers)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,17 @@ def _decoder_knapsack(decoder: ClassColumns, chosen: np.ndarray, tracked: list[i
 def useful_columns(decoder: ClassColumns, level: LevelProblem) -> np.ndarray:
     """Decoder columns worth offering at a level (sorted ascending): those streaming at most the level that no
     other one beats, i.e. uses no more bytes of any tier that can bind, is no slower and uses the GPU only if it
-    does (a column without the GPU needs no workspace). At a fixed level staging no longer tells columns apart."""
+    does (a column without the GPU needs no workspace). At a fixed level staging no longer tells columns apart.
+    Kept per (level, tiers) in `decoder.useful` (read-only: the search asks again for each interval it solves)."""
+    key = (level.level_bytes, level.tiers)
+    if key not in decoder.useful:
+        rows = _useful_columns(decoder, level)
+        rows.flags.writeable = False
+        decoder.useful[key] = rows
+    return decoder.useful[key]
+
+
+def _useful_columns(decoder: ClassColumns, level: LevelProblem) -> np.ndarray:
     rows = np.flatnonzero(decoder.staging <= level.level_bytes)
     if rows.size == 0:
         return rows
