@@ -389,6 +389,14 @@ def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
     return values.mean(axis=1)
 
 
+def _full(values: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """`values` as a C-contiguous array of `shape` (broadcast and copied unless it already is one): summed along
+    its rows, every element is then summed in the same order whatever shape it was priced in."""
+    if values.shape == shape and values.flags.c_contiguous:
+        return values
+    return np.broadcast_to(values, shape).copy()
+
+
 def _table(values: np.ndarray) -> np.ndarray | None:
     """[V, steps] → itself, [V, 1] when constant over the steps, None when all zero (adding it changes nothing)."""
     values = np.asarray(values, dtype=np.float64)
@@ -565,6 +573,7 @@ class LayerPricer:
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         num = index.shape[0]
         gathered = self._gathered
+        fresh = False  # whether `chain` is this item's own array (the state's may be shared: never written to)
         for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):  # Eqs. 2, 17
             pair = None
             for k, table in enumerate(copies):
@@ -573,7 +582,11 @@ class LayerPricer:
                     if key not in gathered:
                         pair = index[:, src] * width + index[:, dst] if pair is None else pair
                         gathered[key] = table[pair]
-                    chain = chain + gathered[key]
+                    term = gathered[key]
+                    if fresh and term.shape[1] <= chain.shape[1]:
+                        np.add(chain, term, out=chain)
+                    else:
+                        chain, fresh = chain + term, True
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
             chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
@@ -587,8 +600,7 @@ class LayerPricer:
         staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
         # Eq. 8, each sum over a full [P, steps] array, as layer_time always summed
         shape = (num, step_seconds.shape[1] if phase == "prefill" else self.steps)
-        return LayerTime(np.broadcast_to(step_seconds, shape).copy().sum(axis=1), staging, valid,
-                         np.broadcast_to(chain, shape).copy().sum(axis=1))
+        return LayerTime(_full(step_seconds, shape).sum(axis=1), staging, valid, _full(chain, shape).sum(axis=1))
 
 
 def layer_time(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, ...], cpu_permille,
