@@ -4,7 +4,8 @@ A column formulation that exploits layer symmetry (docs/cost-model.md §3). Per 
 
 1. enumerate tier vectors: a tier (hbm/ddr/cxl) for each unit's weights and for the KV cache;
 2. for each, price every placement per phase (numpy, one `price.LayerPricer` per phase for all tier vectors: the
-   terms `price.layer_time` sums, tabulated once per share): all 2^U whole placements, and those
+   terms `price.layer_time` sums, tabulated once per share; vectors alike in HBM/host share their placements and
+   their sums over the leading units, `LayerPricer.price_many`): all 2^U whole placements, and those
    where up to `max_split_units` weight GEMM units with weights off HBM split their output features between the
    CPU and the GPU at every share of the CostGraph's grid; keep the front over (phase seconds, staging bytes,
    uses the GPU): a placement goes only when another is no slower (up to float noise, `TIE_RELATIVE`) and needs
