@@ -389,6 +389,26 @@ def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
     return values.mean(axis=1)
 
 
+def _common(tiers: tuple[str, ...], previous: tuple[str, ...], most: int) -> int:
+    """How many leading units (at most `most`) two tier vectors agree on."""
+    common = 0
+    while common < most and common < len(previous) and tiers[common] == previous[common]:
+        common += 1
+    return common
+
+
+def _plus(total: np.ndarray, term: np.ndarray, own: dict | None) -> np.ndarray:
+    """total + term: in place when `total` is in `own` and the shapes allow ([.., 1] terms broadcast over the
+    steps, each element summed as from a full array), else a new array, which joins `own` (when given)."""
+    if own is not None and id(total) in own and term.shape[1] <= total.shape[1]:
+        np.add(total, term, out=total)
+        return total
+    out = total + term
+    if own is not None:
+        own[id(out)] = out
+    return out
+
+
 def _full(values: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """`values` as a C-contiguous array of `shape` (broadcast and copied unless it already is one): summed along
     its rows, every element is then summed in the same order whatever shape it was priced in."""
@@ -488,27 +508,33 @@ class LayerPricer:
                 out[i] = LayerTime(np.zeros(num), np.zeros(num), valid, np.zeros(num))
             return out
         # in an order where items sharing placements and leading tiers follow each other
-        order = sorted(range(len(items)), key=lambda i: (
-            (0, id(items[i][1])) if items[i][3] is None else (1, items[i][3]), items[i][2],
-            _kv_tier(self.cls, items[i][0]) or "", items[i][0]))
+        kv_tiers = [_kv_tier(self.cls, tiers) for tiers, _, _, _ in items]
+        keyed = [((0, id(permille)) if key is None else (1, key), hbm_experts, kv_tiers[i] or "")
+                 for i, (_, permille, hbm_experts, key) in enumerate(items)]
+        order = sorted(range(len(items)), key=lambda i: (keyed[i], items[i][0]))
+        bases = [keyed[i] for i in order]
+        units = len(self.pc.units)
         base, index, stack, previous = None, None, [], ()
-        for i in order:
+        for position, i in enumerate(order):
             tiers, permille, hbm_experts, key = items[i]
-            kv_tier = _kv_tier(self.cls, tiers)
-            here = ((0, id(permille)) if key is None else (1, key), hbm_experts, kv_tier)
-            if here != base or key is None:
-                base, index, stack, previous = here, self._index(permille), [], ()
+            kv_tier = kv_tiers[i]
+            if bases[position] != base or key is None:
+                base, index, stack, previous = bases[position], self._index(permille), [], ()
                 self._gathered = {}  # a table's rows at these placements: the same for every vector of the base
-            common = 0
-            while common < len(stack) and tiers[common] == previous[common]:
-                common += 1
+            common = _common(tiers, previous, len(stack))
             del stack[common:]
+            # the next item starts from the states over its common units with this one: sums past them are this
+            # item's own and may be added to in place
+            shared = 0
+            if position + 1 < len(order) and bases[position + 1] == base and key is not None:
+                shared = _common(items[order[position + 1]][0], tiers, units)
             state = stack[-1] if stack else self._start(index.shape[0])
-            for u in range(common, len(self.pc.units)):
-                state = self._add_unit(state, u, tiers[u], hbm_experts, kv_tier, index[:, u])
+            own: dict = {}  # id → array: this item's own partial sums (kept alive, so ids stay unique)
+            for u in range(common, units):
+                state = self._add_unit(state, u, tiers[u], hbm_experts, kv_tier, index[:, u], own if u >= shared else None)
                 stack.append(state)
             previous = tiers
-            out[i] = self._finish(state, index)
+            out[i] = self._finish(state, index, own)
         return out
 
     def _index(self, cpu_permille) -> np.ndarray:
@@ -529,21 +555,33 @@ class LayerPricer:
         return (np.ones(num, dtype=bool),) + (zero,) * 8
 
     def _add_unit(self, state: tuple, u: int, tier: str, hbm_experts: int, kv_tier: str | None,
-                  rows: np.ndarray) -> tuple:
-        """The partial sums `state` with unit u's terms added (a new tuple; `state` is never written to)."""
+                  rows: np.ndarray, own: dict | None = None) -> tuple:
+        """The partial sums `state` with unit u's terms added (a new tuple). Only arrays in `own` are written to
+        (in place, the same sums); with `own` given, the arrays made here join it."""
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         options = self._unit(u, tier, hbm_experts)
         valid = valid & options["ok"][rows]
         gathered = self._gathered
+
+        def plus(total, term):
+            if own is None:
+                return total + term
+            if id(total) in own and term.shape[1] <= total.shape[1]:
+                np.add(total, term, out=total)
+                return total
+            out = total + term
+            own[id(out)] = out
+            return out
 
         def add(total, name):
             table = options[name]
             if table is None:
                 return total
             key = (u, tier, name)
-            if key not in gathered:
-                gathered[key] = table[rows]
-            return total + gathered[key]
+            term = gathered.get(key)
+            if term is None:
+                term = gathered[key] = table[rows]
+            return plus(total, term)
 
         chain = add(chain, "compute")  # Eqs. 1, 15, 21
         if tier in HOST_TIERS:
@@ -562,18 +600,18 @@ class LayerPricer:
                 if key not in gathered:
                     gathered[key] = written[rows]
                 if _overlapped_kv_write(self.phase, kv_tier):
-                    store = store + gathered[key]
+                    store = plus(store, gathered[key])
                 else:
-                    chain = chain + gathered[key]
+                    chain = plus(chain, gathered[key])
         return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
 
-    def _finish(self, state: tuple, index: np.ndarray) -> LayerTime:
-        """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20."""
+    def _finish(self, state: tuple, index: np.ndarray, own: dict) -> LayerTime:
+        """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20.
+        Only the arrays in `own` (this item's own partial sums) are written to."""
         costs, pc, phase = self.costs, self.pc, self.phase
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         num = index.shape[0]
         gathered = self._gathered
-        fresh = False  # whether `chain` is this item's own array (the state's may be shared: never written to)
         for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):  # Eqs. 2, 17
             pair = None
             for k, table in enumerate(copies):
@@ -582,11 +620,7 @@ class LayerPricer:
                     if key not in gathered:
                         pair = index[:, src] * width + index[:, dst] if pair is None else pair
                         gathered[key] = table[pair]
-                    term = gathered[key]
-                    if fresh and term.shape[1] <= chain.shape[1]:
-                        np.add(chain, term, out=chain)
-                    else:
-                        chain, fresh = chain + term, True
+                    chain = _plus(chain, gathered[key], own)
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
             chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
