@@ -113,6 +113,10 @@ class UnitCosts:
         cpu_read_bytes: bytes the CPU reads from the operand's tier when it computes there (Eq. 6).
         kv_to_gpu_seconds: writing its new K, V from the CPU into an HBM KV cache (Eq. 3).
         kv_to_host_seconds: writing its new K, V from the GPU into a DDR/CXL KV cache (Eq. 3).
+        cpu_apart_seconds, cpu_apart_beside_bytes, cpu_apart_read_bytes: a decode attention unit (score or
+            context) on the CPU while its partner runs on the GPU, per tier and step, as cpu_seconds,
+            cpu_beside_bytes and cpu_read_bytes: the runtime runs it alone over the cache's whole capacity (Eq. 25);
+            empty for every other unit and phase.
         split_cpu_seconds: [grid point][tier][step], the CPU part of a split at CPU share
             `CostGraph.split_permille[k]` / 1000 (Eq. 15); empty when the unit cannot split.
         split_cpu_beside_bytes: [grid point][tier][step], DDR bytes DMA can read beside the CPU part (Eq. 18).
@@ -138,6 +142,9 @@ class UnitCosts:
     cpu_read_bytes: tuple[float, ...]
     kv_to_gpu_seconds: tuple[float, ...]
     kv_to_host_seconds: tuple[float, ...]
+    cpu_apart_seconds: tuple[tuple[float, ...], ...] = ()
+    cpu_apart_beside_bytes: tuple[tuple[float, ...], ...] = ()
+    cpu_apart_read_bytes: tuple[float, ...] = ()
     split_cpu_seconds: tuple[tuple[tuple[float, ...], ...], ...] = ()
     split_cpu_beside_bytes: tuple[tuple[tuple[float, ...], ...], ...] = ()
     split_gpu_seconds: tuple[tuple[float, ...], ...] = ()
@@ -385,14 +392,22 @@ def _node_terms(sub: Sublayer, point: tuple[int, int, int], share) -> _NodeTerms
 
 
 def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int, int], hw: HardwareProfile,
-                    share=1.0):
+                    share=1.0, capacity: int | None = None):
     """(seconds, beside bytes) of one node on the CPU, its operand in `tier` (Eqs. 1, 18).
 
     Seconds: Eq. 1. Beside bytes: what PCIe DMA can read from DDR while this kernel runs (Eq. 18): during its
     roofline part, whatever the shared DDR rate leaves beside the kernel's own reads of DDR (its weights in DDR, its
     decode KV cache in DDR), at most the PCIe rate; during its launch overhead, the DMA alone. A prefill kernel over
     Q > 1 tokens leaves DMA its launch overhead only (`prefill_blocks_dma`).
+
+    `capacity` (decode attention run apart from its partner, Eq. 25): the node, if it reads the KV cache, is one
+    matmul over the cache's whole capacity of `capacity` tokens (the runtime's q·Kᵀ or p·V, not the fused kernel
+    `cpu_kv_read_gb_per_s` measures): its FLOPs and KV bytes at that context, the KV read at the GEMV rate of its
+    tier (`cpu_ddr_read_gb_per_s`, or `cxl_gb_per_s`).
     """
+    apart = capacity is not None and phase == "decode" and sub.kv_read(*point) > 0
+    if apart:
+        point = (point[0], point[1], capacity)
     flops, weights, kv, activations = _node_terms(sub, point, share)
     if tier == "cxl" and hw.cxl_gb_per_s <= 0:
         tier = "ddr"  # a profile without CXL never offers the tier (CostGraph.tiers); keep the row finite
@@ -401,6 +416,8 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     kv_rate = hw.cpu_kv_read_gb_per_s
     if phase == "decode" and tier == "cxl":
         kv_rate = min(hw.cxl_gb_per_s, hw.cpu_kv_read_gb_per_s)
+    if apart:  # Eq. 25: a matmul over the cache, read at its tier's GEMV rate
+        kv_rate = weight_rate
     memory_seconds = weights / (weight_rate * GB) + kv / (kv_rate * GB) + activations / (hw.cpu_ddr_read_gb_per_s * GB)
     rows = cpu_throughput_rows(sub, batch=point[0], query=point[1])
     # Attention in prefill runs as its own kernel (SDPA), at the profile's measured attention curve over Q
@@ -514,6 +531,9 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
         kv_up.append(transfer_seconds(written, hw.pcie_h2d_gb_per_s, hw))
         kv_down.append(transfer_seconds(written, hw.pcie_d2h_gb_per_s, hw))
     allows_hbm = operand == "none" or (operand == "kv" and phase == "prefill")
+    apart = {}
+    if operand == "kv" and phase == "decode" and points:
+        apart = _apart_costs(subs, points, hw)
     split = {}
     if split_permille and operand == "weights" and splittable(subs):
         split = _split_costs(subs, phase, points, hw, split_permille)
@@ -522,7 +542,21 @@ def _unit_costs(name: str, subs: list[Sublayer], operand: str, phase: str, point
     return UnitCosts(name=name, cpu_seconds=tuple(cpu), cpu_beside_bytes=tuple(beside), cpu_allows_hbm=allows_hbm,
                      gpu_seconds=gpu,
                      stream_bytes=tuple(stream), cpu_read_bytes=tuple(cpu_read), kv_to_gpu_seconds=tuple(kv_up),
-                     kv_to_host_seconds=tuple(kv_down), **split)
+                     kv_to_host_seconds=tuple(kv_down), **apart, **split)
+
+
+def _apart_costs(subs: list[Sublayer], points, hw: HardwareProfile) -> dict:
+    """A decode attention unit's CPU prices when its partner (score's context, context's score) runs on the other
+    device (Eq. 25), as UnitCosts fields: the runtime then runs it alone over the cache's whole capacity, the
+    context of the last decode step (the KV tokens the cache holds), as one matmul read at the GEMV rate."""
+    capacity = max(context for _, _, context in points)
+    cpu, beside = [], []
+    for tier in TIERS:
+        prices = [[cpu_node_prices(s, tier, "decode", point, hw, capacity=capacity) for s in subs] for point in points]
+        cpu.append(tuple(float(sum(seconds for seconds, _ in row)) for row in prices))
+        beside.append(tuple(float(sum(nbytes for _, nbytes in row)) for row in prices))
+    read = tuple(float(sum(s.kv_read(batch, query, capacity) for s in subs)) for batch, query, _ in points)
+    return {"cpu_apart_seconds": tuple(cpu), "cpu_apart_beside_bytes": tuple(beside), "cpu_apart_read_bytes": read}
 
 
 def _split_costs(subs: list[Sublayer], phase: str, points, hw: HardwareProfile,

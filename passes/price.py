@@ -53,6 +53,11 @@ __all__ = ["SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "Pla
 # 2.2-3.9 ops' worth per split (docs/benchmarks.md, "Where the decode time goes").
 SPLIT_OPS = 3
 
+# Eq. 25: the option value (beside the CPU shares 0 … 1000 in permille) of a decode attention unit on the CPU whose
+# partner (score's context, context's score) runs on the GPU: the runtime then runs it alone, a matmul over the
+# cache's whole capacity, not the fused kernel of both on the CPU (costs.UnitCosts.cpu_apart_seconds).
+APART = 1001
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Records
@@ -193,8 +198,30 @@ def operand_tiers(cls: ClassCosts, weights: tuple[str, ...], kv_cache: str) -> t
 
 
 def gpu_shares(cpu_permille) -> np.ndarray:
-    """The GPU's share of each unit's output features (1 = GPU, 0 = CPU) for CPU shares in permille."""
-    return 1.0 - np.asarray(cpu_permille) / 1000.0
+    """The GPU's share of each unit's output features (1 = GPU, 0 = CPU) for CPU shares in permille (`APART`: the
+    CPU)."""
+    return 1.0 - np.minimum(np.asarray(cpu_permille), 1000) / 1000.0
+
+
+def _apart_pair(pc: PhaseCosts) -> tuple[int, int] | None:
+    """The decode attention units (score, context) that the runtime runs apart when they sit on different devices
+    (Eq. 25): the two units priced for it (`cpu_apart_seconds`); None when the phase has no such pair."""
+    pair = tuple(index for index, unit in enumerate(pc.units) if unit.cpu_apart_seconds)
+    return pair if len(pair) == 2 else None
+
+
+def _with_apart(pc: PhaseCosts, permille: np.ndarray) -> np.ndarray:
+    """[P, U] CPU shares → the option each unit is priced at: `APART` for a decode attention unit on the CPU whose
+    partner is on the GPU (Eq. 25), its share otherwise."""
+    pair = _apart_pair(pc)
+    if pair is None:
+        return permille
+    out = np.array(permille, dtype=np.int64, copy=True)
+    first, second = pair
+    for unit, partner in ((first, second), (second, first)):
+        out[:, unit] = np.where((permille[:, unit] == 1000) & (permille[:, partner] != 1000), APART,
+                                permille[:, unit])
+    return out
 
 
 def _group_permille(group: LayerGroup, phase: str) -> tuple[int, ...]:
@@ -269,11 +296,14 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
         if value == 0:
             out["compute"][option] = np.asarray(unit.gpu_seconds) + op
             out["stream"][option] = unit.stream_bytes
-        elif value == 1000:
-            out["cpu"][option] = unit.cpu_seconds[tier_index]
-            out["compute"][option] = np.asarray(unit.cpu_seconds[tier_index]) + op
-            out["beside"][option] = unit.cpu_beside_bytes[tier_index]
-            out["read"][option] = unit.cpu_read_bytes
+        elif value == 1000 or value == APART:
+            # Eq. 25: a decode attention unit run apart from its partner, over the cache's capacity
+            apart = value == APART and bool(unit.cpu_apart_seconds)
+            seconds = (unit.cpu_apart_seconds if apart else unit.cpu_seconds)[tier_index]
+            out["cpu"][option] = seconds
+            out["compute"][option] = np.asarray(seconds) + op
+            out["beside"][option] = (unit.cpu_apart_beside_bytes if apart else unit.cpu_beside_bytes)[tier_index]
+            out["read"][option] = unit.cpu_apart_read_bytes if apart else unit.cpu_read_bytes
             ok[option] = tier != "hbm" or unit.cpu_allows_hbm
         elif unit.can_split and int(value) in grid:
             k = grid[int(value)]
@@ -444,9 +474,9 @@ class LayerPricer:
     def __init__(self, costs: CostGraph, cls: ClassCosts, phase: str, permille):
         self.costs, self.cls, self.phase = costs, cls, phase
         self.pc = pc = cls.phase(phase)
-        permille = np.asarray(permille, dtype=np.int64).reshape(-1, len(pc.units))
+        permille = _with_apart(pc, np.asarray(permille, dtype=np.int64).reshape(-1, len(pc.units)))
         self.values = [np.unique(permille[:, u]) for u in range(len(pc.units))]  # per unit, the shares priced
-        self.lookup = np.full((len(pc.units), 1001), -1, dtype=np.int64)
+        self.lookup = np.full((len(pc.units), APART + 1), -1, dtype=np.int64)
         for u, values in enumerate(self.values):
             self.lookup[u, values] = np.arange(values.size)
         self.shares = [gpu_shares(values) for values in self.values]
@@ -540,7 +570,7 @@ class LayerPricer:
     def _index(self, cpu_permille) -> np.ndarray:
         """[P, U] positions of each placement's shares among the ones priced per unit."""
         pc = self.pc
-        permille = np.asarray(cpu_permille, dtype=np.int64).reshape(-1, len(pc.units))
+        permille = _with_apart(pc, np.asarray(cpu_permille, dtype=np.int64).reshape(-1, len(pc.units)))  # Eq. 25
         index = np.empty_like(permille)
         for u in range(len(pc.units)):
             index[:, u] = self.lookup[u, permille[:, u]]
@@ -669,6 +699,7 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     """
     pc = cls.phase(phase)
     permille = np.asarray(cpu_permille, dtype=np.int64)
+    priced = _with_apart(pc, permille[None, :])[0]  # Eq. 25
     shares = gpu_shares(permille)[None, :]
     kv_tier = _kv_tier(cls, tiers)
     kv_beside = _overlapped_kv_write(phase, kv_tier)
@@ -679,7 +710,7 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         if pc.steps == 0:
             out.append(UnitTime(unit.name, device, 0.0, 0.0, 0.0))
             continue
-        options = _unit_options(costs, unit, tiers[index], np.array([value]), pc.steps, hbm_experts)
+        options = _unit_options(costs, unit, tiers[index], np.array([int(priced[index])]), pc.steps, hbm_experts)
         transfer = np.zeros((1, pc.steps))
         stored = np.zeros((1, pc.steps))
         if kv_tier is not None:
@@ -804,7 +835,10 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
             planned = gpu_shares(_group_permille(group, phase))
             for index, unit in enumerate(pc.units):
                 tier = priced.tiers[index]
-                whole = _unit_options(costs, unit, tier, np.array([1000, 0]), pc.steps,  # wholly on the CPU, GPU
+                on_cpu = np.array(_group_permille(group, phase), dtype=np.int64)
+                on_cpu[index] = 1000
+                on_cpu = int(_with_apart(pc, on_cpu[None, :])[0, index])  # the partner as planned (Eq. 25)
+                whole = _unit_options(costs, unit, tier, np.array([on_cpu, 0]), pc.steps,  # wholly on the CPU, GPU
                                       priced.hbm_experts)
                 transfer = {}
                 for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned

@@ -83,6 +83,75 @@ def test_layer_time_is_the_max_of_chain_stream_and_shared_ddr():
         assert staging[0] == pytest.approx(most)
 
 
+def _whole_layer_by_hand(costs, dec, placement) -> float:
+    """Eqs. 4-7, 18 and 25 summed by hand for whole units (1 = GPU, 0 = CPU), everything in DDR: a decode attention
+    unit on the CPU whose partner is on the GPU takes its apart prices (`cpu_apart_*`)."""
+    pc = dec.decode
+    score, context = (i for i, u in enumerate(pc.units) if u.cpu_apart_seconds)
+    apart = {score: placement[context] == 1, context: placement[score] == 1}
+    total = 0.0
+    for step in range(pc.steps):
+        chain = stream = cpu_read = cpu = beside = 0.0
+        for i, u in enumerate(pc.units):
+            if placement[i]:
+                chain += u.gpu_seconds[step] + u.kv_to_host_seconds[step]
+                stream += u.stream_bytes[step]
+                continue
+            alone = apart.get(i, False)
+            seconds = (u.cpu_apart_seconds if alone else u.cpu_seconds)[1][step]
+            chain += seconds
+            cpu += seconds
+            beside += (u.cpu_apart_beside_bytes if alone else u.cpu_beside_bytes)[1][step]
+            cpu_read += (u.cpu_apart_read_bytes if alone else u.cpu_read_bytes)[step]
+        for e in pc.edges:
+            if placement[e.src] != placement[e.dst]:
+                chain += e.h2d_seconds[step] if placement[e.dst] else e.d2h_seconds[step]
+        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
+                     by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+    return total
+
+
+def test_attention_apart_on_the_cpu_by_hand():
+    """Eq. 25: decode attention on the CPU beside its partner on the GPU is one matmul over the cache's whole
+    capacity (the last decode step's context) read at the GEMV rate, not the fused kernel both on the CPU run (the
+    profile's KV rate, at each step's context); a layer prices whichever the placement makes, by hand."""
+    hw = dataclasses.replace(HW, cpu_kv_read_gb_per_s=3 * HW.cpu_ddr_read_gb_per_s)
+    costs = costs_for(batch=64, prompt=512, gen=4, hw=hw)
+    dec = costs.layer_class("decoder")
+    pc = dec.decode
+    assert [u.name for u in pc.units if u.cpu_apart_seconds] == ["attn_score", "attn_context"]
+    assert not any(u.cpu_apart_seconds for u in dec.prefill.units)  # a prefill reads the fresh K, V
+    context = pc.units[2]
+    for tier in range(len(context.cpu_seconds)):
+        # over the capacity at every step: the same price each step, at least the fused one (CXL: the same rate)
+        assert len(set(context.cpu_apart_seconds[tier])) == 1
+        assert all(a >= f for a, f in zip(context.cpu_apart_seconds[tier], context.cpu_seconds[tier]))
+    assert all(a > f for a, f in zip(context.cpu_apart_seconds[1], context.cpu_seconds[1]))  # DDR: a third the rate
+    assert len(set(context.cpu_apart_read_bytes)) == 1
+    assert context.cpu_apart_read_bytes[0] == context.cpu_read_bytes[-1] > context.cpu_read_bytes[0]
+    # at equal rates the apart context is the fused one at the capacity, the last step's context
+    same = costs_for(batch=64, prompt=512, gen=4,
+                     hw=dataclasses.replace(HW, cpu_kv_read_gb_per_s=HW.cpu_ddr_read_gb_per_s)).layer_class("decoder")
+    fused_last = same.decode.units[2].cpu_seconds[1][-1]
+    assert same.decode.units[2].cpu_apart_seconds[1] == pytest.approx((fused_last,) * pc.steps, rel=1e-12)
+    tiers = ("ddr",) * 6
+    for placement in [(0, 0, 1, 1, 1, 1), (0, 1, 0, 1, 1, 1), (0, 0, 0, 1, 1, 1), (1, 0, 0, 1, 1, 1)]:
+        permille = np.array([[1000 * (1 - on_gpu) for on_gpu in placement]])
+        assert layer_time(costs, dec, "decode", tiers, permille).seconds[0] == pytest.approx(
+            _whole_layer_by_hand(costs, dec, placement), rel=1e-12)
+    apart = layer_time(costs, dec, "decode", tiers, np.array([(1000, 1000, 0, 0, 0, 0)])).seconds[0]
+    rows = np.array([(1000, 1000, 0, 0, 0, 0), (1000, 1000, 1000, 0, 0, 0)])  # priced together, each as alone
+    together = layer_time(costs, dec, "decode", tiers, rows).seconds
+    assert together[0] == apart
+    # the per-unit rows (status.predicted, liac explain) carry the same price
+    units = {u.name: u for u in unit_times(costs, dec, "decode", tiers, (1000, 1000, 0, 0, 0, 0))}
+    assert units["attn_score"].compute_seconds == pytest.approx(float(np.mean(pc.units[1].cpu_apart_seconds[1])),
+                                                                rel=1e-12)
+    fused = {u.name: u for u in unit_times(costs, dec, "decode", tiers, (1000, 1000, 1000, 0, 0, 0))}
+    assert fused["attn_score"].compute_seconds == pytest.approx(float(np.mean(pc.units[1].cpu_seconds[1])),
+                                                                rel=1e-12)
+
+
 def test_split_layer_time_by_hand():
     """Eqs. 15-18 on CCCC[S]G (fc1 split, 600 permille on the CPU), KV and weights in DDR: the split unit takes
     the slower of its parts plus the sync; an activation crossing to a split unit's GPU part moves whole, one
