@@ -19,7 +19,8 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
            run-profile.yaml (the profile with those fields replaced), which floor uses
   runs     bench/run_plans.py over the plans on ONE set of random weights, point by point in --points order (all
-           contenders of a point, then the next: put the points that matter most first), each engine warmed up at
+           contenders of a point, then the next: put the points that matter most first; with --abba in order then
+           in reverse, A B B A), each engine warmed up at
            its run's shapes and its first request timed; no run starts that would end past --deadline-s → runs.json
            (per run: prefill ms, decode ms/token, tokens/s, load and warm-up seconds, the GPU footprint against the
            plan's budget, per-sublayer measured vs predicted times; with --timeline-batches, a torch.profiler
@@ -212,8 +213,9 @@ class Bench:
                 by_point.setdefault((entry["prompt_len"], entry["batch"]), []).append(entry)
         specs, index = [], []
         for point in self.args.points:  # the order of --points: what matters most first
-            for entry in sorted(by_point.pop(point, []),
-                                key=lambda e: (order.get(contender_parts(e["contender"])[0], 99), e["contender"])):
+            entries = sorted(by_point.pop(point, []),
+                             key=lambda e: (order.get(contender_parts(e["contender"])[0], 99), e["contender"]))
+            for entry in abba(entries) if getattr(self.args, "abba", False) else entries:
                 # the spread across repeats: the liac plan at batch 1 runs `--repeats` times
                 times = self.args.repeats if entry["contender"] == "optimal" and entry["batch"] == 1 else 1
                 for _ in range(times):
@@ -379,6 +381,13 @@ def _plain(record) -> dict:
     return dataclasses.asdict(record) if dataclasses.is_dataclass(record) else dict(record)
 
 
+def abba(entries: list) -> list:
+    """A point's runs in order, then in reverse (A B B A): each contender once first and once last, so that what
+    the order costs (the first run of a point was the slower in 5 of 6 pairs of the 2026-12-02 Eq. 24 call, byte-
+    identical plans included) is not read as a difference between plans."""
+    return list(entries) + list(reversed(entries))
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -399,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-len", type=int, default=32, help="new tokens the plans are compiled for")
     parser.add_argument("--measure-gen-len", type=int, default=8, help="new tokens each timed run generates")
     parser.add_argument("--repeats", type=int, default=3, help="runs of the liac plan at batch 1 (the spread)")
+    parser.add_argument("--abba", action="store_true",
+                        help="run each point's contenders in order, then in reverse (A B B A): the order's effect apart")
     parser.add_argument("--profile-steps", type=int, default=1, help="decode steps of the per-sublayer profile")
     parser.add_argument("--max-run-seconds", type=float, default=40.0, help="skip runs predicted to take longer")
     parser.add_argument("--timeline-batches", default="", help="e.g. '8,32': runs at these batches also record a "

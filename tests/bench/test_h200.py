@@ -34,3 +34,15 @@ def test_contenders_with_a_prefetch_depth():
 
     with pytest.raises(SystemExit, match="unknown contender 'whole\\+dx'"):
         main(["--out", "unused", "--contenders", "optimal,whole+dx"])
+
+
+def test_abba_runs_each_contender_first_once_and_last_once():
+    """--abba: a point's contenders in order, then reversed, so each runs once first and once last."""
+    from h200 import abba, main
+
+    assert abba(["optimal", "whole"]) == ["optimal", "whole", "whole", "optimal"]
+    assert abba(["optimal"]) == ["optimal", "optimal"] and abba([]) == []
+    import pytest
+
+    with pytest.raises(SystemExit, match="unknown contender"):  # the flag parses (the contender check fails later)
+        main(["--out", "unused", "--abba", "--contenders", "optimal,nope"])
