@@ -107,6 +107,9 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
     kv_tier = next((unit_tier[i] for i, op in enumerate(cls.operands) if op == "kv"), None)
     lat = costs.pcie_latency_seconds
     gpu_share = [1 - v / 1000 for v in permille]
+    # Eq. 25: decode attention on the CPU with its partner on the GPU runs apart, at its apart prices
+    pair = [i for i, unit in enumerate(pc.units) if unit.cpu_apart_seconds]
+    apart = {u: len(pair) == 2 and permille[pair[1 - k]] != 1000 for k, u in enumerate(pair)}
     steps = []  # per step: chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store
     for step in range(pc.steps):
         chain = from_ddr = from_cxl = cpu_ddr = cpu = beside = store = staged = 0.0
@@ -120,6 +123,11 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
             elif value == 0:
                 chain += unit.gpu_seconds[step]
                 moved, read = unit.stream_bytes[step], 0.0
+            elif value == 1000 and apart.get(index):
+                chain += unit.cpu_apart_seconds[TIERS.index(tier)][step]
+                cpu += unit.cpu_apart_seconds[TIERS.index(tier)][step]
+                beside += unit.cpu_apart_beside_bytes[TIERS.index(tier)][step]
+                moved, read = 0.0, unit.cpu_apart_read_bytes[step]
             elif value == 1000:
                 chain += unit.cpu_seconds[TIERS.index(tier)][step]
                 cpu += unit.cpu_seconds[TIERS.index(tier)][step]
