@@ -428,7 +428,8 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
     if prefill_blocks_dma(phase, point):
         # Eq. 18a, prefill: DMA reads DDR only in the kernel's launch overhead, not beside its many-row GEMM
-        # (measured on the H200: docs/cost-model.md §2b)
+        # (measured on the H200 in whole prefills; not DDR contention, which the DMA-beside-GEMM probe rules out: the
+        # runtime's lost overlap, priced until it is fixed; docs/cost-model.md §2b)
         beside = 0.0 * busy + min(h, s) * hw.cpu_launch_seconds
     else:
         beside = np.minimum(h * busy, np.maximum(s * busy - ddr_bytes, 0.0)) + min(h, s) * hw.cpu_launch_seconds
