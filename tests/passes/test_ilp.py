@@ -1022,11 +1022,9 @@ def test_the_front_drops_clearly_beaten_rows_without_changing_its_answer(seed, m
     assert filtered.size < n // 10 and np.array_equal(filtered, full)
 
 
-def test_one_pricer_over_many_tier_vectors_prices_each_row_as_alone():
-    """Column generation prices every tier vector with one `price.LayerPricer` (each term tabulated once per share);
-    each row's price equals, bit for bit, `layer_time` on that row alone (tables over its own shares only)."""
-    from liac.passes.price import LayerPricer
-
+def _two_layer_tier_vectors():
+    """A 2-layer model on spr-h100-cxl with splits, its decoder class and every tier vector of its two weight
+    operands (alternating) and KV cache over HBM, DDR and CXL."""
     costs = tiny_costs(2, "spr-h100-cxl", 16, 0.3, cxl=True, split=(250, 500, 750))
     cls = costs.layer_class("decoder")
     vectors = []
@@ -1034,6 +1032,15 @@ def test_one_pricer_over_many_tier_vectors_prices_each_row_as_alone():
         for kv in ("hbm", "ddr", "cxl"):
             full = tuple(weights[k % 2] if op == "weights" else "none" for k, op in enumerate(cls.operands))
             vectors.append(operand_tiers(cls, full, kv))
+    return costs, cls, vectors
+
+
+def test_one_pricer_over_many_tier_vectors_prices_each_row_as_alone():
+    """Column generation prices every tier vector with one `price.LayerPricer` (each term tabulated once per share);
+    each row's price equals, bit for bit, `layer_time` on that row alone (tables over its own shares only)."""
+    from liac.passes.price import LayerPricer
+
+    costs, cls, vectors = _two_layer_tier_vectors()
     for phase in ("prefill", "decode"):
         rows = [phase_placements(cls, phase, tiers, costs.split_permille)[0] for tiers in vectors]
         pricer = LayerPricer(costs, cls, phase, np.concatenate(rows))
@@ -1073,13 +1080,7 @@ def test_tier_vectors_sharing_placements_share_leading_sums_bit_for_bit():
     from liac.passes.price import LayerPricer
     from liac.plan import HOST_TIERS
 
-    costs = tiny_costs(2, "spr-h100-cxl", 16, 0.3, cxl=True, split=(250, 500, 750))
-    cls = costs.layer_class("decoder")
-    vectors = []
-    for weights in itertools.product(("hbm", "ddr", "cxl"), repeat=2):
-        for kv in ("hbm", "ddr", "cxl"):
-            full = tuple(weights[k % 2] if op == "weights" else "none" for k, op in enumerate(cls.operands))
-            vectors.append(operand_tiers(cls, full, kv))
+    costs, cls, vectors = _two_layer_tier_vectors()
     for phase in ("prefill", "decode"):
         shapes = {}
         items = []
