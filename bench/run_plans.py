@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["RunSpec", "run_plans", "estimate_seconds", "timeline_seconds", "main", "RESULTS_VERSION",
-           "host_cpu_sample", "host_cpu_cores"]
+           "host_cpu_sample", "host_cpu_cores", "event_counters", "counters_delta"]
 
 RESULTS_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +142,35 @@ def host_cpu_cores(before, after, cpus: int | None = None) -> dict | None:
     return {"wall_seconds": round(wall, 3), "ours_cores": round(ours, 2),
             "others_cores": round(max(busy / total * cpus - ours, 0.0), 2),
             "steal_cores": round(steal / total * cpus, 2)}
+
+
+_GPU_COUNTERS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free", "num_ooms")
+
+
+def event_counters() -> dict[str, float]:
+    """Counters that grow with the costs a run may pay outside its ops: this process's page faults (minor, major),
+    the CUDA caching allocator's retries (a full free of cached blocks and a device sync), device-wide syncs and
+    cudaMalloc/cudaFree calls, and the pinned host allocator's allocations and the time they took. Their growth
+    over a timed generate (`counters_delta`) tells a first run that pays for memory from one that does not."""
+    import resource
+
+    import torch
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out: dict[str, float] = {"minor_faults": usage.ru_minflt, "major_faults": usage.ru_majflt}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        stats = torch.cuda.memory_stats()
+        out.update({f"gpu_{key}": stats[key] for key in _GPU_COUNTERS if key in stats})
+        host_stats = getattr(torch.cuda, "host_memory_stats", None)
+        if host_stats is not None:
+            out.update({f"pinned_{key}": value for key, value in host_stats().items()
+                        if isinstance(value, (int, float)) and (key.startswith("num_") or key.endswith(".total"))})
+    return out
+
+
+def counters_delta(before: dict, after: dict) -> dict[str, float]:
+    """What each of `event_counters` grew by between two samples (counters in both only)."""
+    return {key: round(after[key] - before[key], 6) for key in sorted(after) if key in before}
 
 
 def _timeline(plan, host, backend, ids) -> dict:
@@ -272,9 +301,10 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             with _restoring_threads(threads), engine:
                 record["build_seconds"] = round(engine.build_seconds, 3)
                 record["warmup_seconds"] = round(engine.warmup_seconds, 3)
-                sample = host_cpu_sample()
+                sample, counters = host_cpu_sample(), event_counters()
                 generation = engine.generate(ids, gen_len)
                 record["host_cpu"] = host_cpu_cores(sample, host_cpu_sample())  # during the timed generate
+                record["events"] = counters_delta(counters, event_counters())
                 steps = min(profile_steps, gen_len - 1)
                 spent = time.perf_counter() - began
                 if steps and max_seconds is not None and spent > max_seconds:

@@ -27,3 +27,20 @@ def test_a_live_sample_pair_is_sane():
     sum(i * i for i in range(200_000))
     cores = run_plans.host_cpu_cores(first, run_plans.host_cpu_sample())
     assert cores is None or (cores["ours_cores"] >= 0 and cores["others_cores"] >= 0)
+
+
+def test_counters_delta_is_the_growth_of_the_counters_in_both():
+    before = {"minor_faults": 10, "gpu_num_alloc_retries": 2, "pinned_num_host_alloc": 5}
+    after = {"minor_faults": 14, "gpu_num_alloc_retries": 2, "pinned_num_host_alloc": 9, "new": 1}
+    assert run_plans.counters_delta(before, after) == {
+        "gpu_num_alloc_retries": 0, "minor_faults": 4, "pinned_num_host_alloc": 4}
+
+
+def test_event_counters_see_fresh_pages_touched():
+    """64 MiB of fresh memory written page by page: this process's minor page faults grow (by 16 384 pages of 4 KiB,
+    or fewer with transparent huge pages, never by none)."""
+    before = run_plans.event_counters()
+    buf = bytearray(64 * 2**20)
+    buf[::4096] = b"\1" * len(range(0, len(buf), 4096))
+    grown = run_plans.counters_delta(before, run_plans.event_counters())
+    assert grown["minor_faults"] > 0 and grown["major_faults"] >= 0

@@ -150,6 +150,8 @@ def test_a_run_may_have_its_own_cpu_thread_count(tmp_path):
                         log=lambda line: None)
     assert [r["cpu_threads"] for r in results["runs"]] == [1, before]
     assert results["runs"][0]["metrics"]["backend"]["cpu_threads"] == 1
+    # the counters of what a run pays outside its ops (page faults, allocator syncs), over its timed generate
+    assert all(r["events"]["minor_faults"] >= 0 and "major_faults" in r["events"] for r in results["runs"])
     assert torch.get_num_threads() == before
 
 
