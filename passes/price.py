@@ -593,16 +593,6 @@ class LayerPricer:
         valid = valid & options["ok"][rows]
         gathered = self._gathered
 
-        def plus(total, term):
-            if own is None:
-                return total + term
-            if id(total) in own and term.shape[1] <= total.shape[1]:
-                np.add(total, term, out=total)
-                return total
-            out = total + term
-            own[id(out)] = out
-            return out
-
         def add(total, name):
             table = options[name]
             if table is None:
@@ -611,7 +601,7 @@ class LayerPricer:
             term = gathered.get(key)
             if term is None:
                 term = gathered[key] = table[rows]
-            return plus(total, term)
+            return _plus(total, term, own)
 
         chain = add(chain, "compute")  # Eqs. 1, 15, 21
         if tier in HOST_TIERS:
@@ -630,9 +620,9 @@ class LayerPricer:
                 if key not in gathered:
                     gathered[key] = written[rows]
                 if _overlapped_kv_write(self.phase, kv_tier):
-                    store = plus(store, gathered[key])
+                    store = _plus(store, gathered[key], own)
                 else:
-                    chain = plus(chain, gathered[key])
+                    chain = _plus(chain, gathered[key], own)
         return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
 
     def _finish(self, state: tuple, index: np.ndarray, own: dict) -> LayerTime:
