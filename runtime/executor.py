@@ -813,11 +813,11 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             partial["cpu"] = part("cpu", vals, counts, on["cpu"])
             timed.append(_PartTiming(time.perf_counter() - began, start, end, launched, routed))
         out = {}
-        for last, device in enumerate(run.merge_on, 1 - len(run.merge_on)):
+        for position, device in enumerate(run.merge_on):
             # the partial sums meet here, then the residual (HF: residual + experts' sum). A partial no later merge
             # device reads takes the others' in place (one copy at a time beside it: what Eq. 14 prices).
             total = partial.get(device)
-            if total is not None and last != 0:
+            if total is not None and position < len(run.merge_on) - 1:  # a later merge device still reads it
                 total = total.clone()
             for source in [s for s in partial if s != device]:
                 values = transfer(partial[source], device, "merge")
