@@ -88,9 +88,9 @@ def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int,
 
     Prefill scales with batch × prompt against the plan's workload; decode per token with batch (both upper
     bounds for smaller requests, whose per-token cost is never more than linear). The warm-up runs a prefill and a
-    decode step through `warm_share` of the layers (one per layer group)."""
+    decode step through `warm_share` of the layers (one per layer group), then a whole request of two tokens."""
     prefill, step = _phase_seconds(predicted, work, batch, prompt_len)
-    warmup = (prefill + step) * warm_share
+    warmup = (prefill + step) * (1.0 + warm_share)
     timed = prefill + step * (gen_len - 1)
     profile = (prefill + step * profile_steps) if profile_steps else 0.0
     return warmup + timed + profile
@@ -100,7 +100,7 @@ def timeline_seconds(predicted, work, batch: int, prompt_len: int, warm_share: f
     """Wall time of a run's timeline by the plan's prediction: a warm-up, a 3-token generate under the profiler
     (prefill and two decode steps), and ~5 s to build the engine and export and read the trace."""
     prefill, step = _phase_seconds(predicted, work, batch, prompt_len)
-    return (prefill + step) * warm_share + prefill + 2 * step + 5.0
+    return (prefill + step) * (1.0 + warm_share) + prefill + 2 * step + 5.0
 
 
 def _phase_seconds(predicted, work, batch: int, prompt_len: int) -> tuple[float, float]:

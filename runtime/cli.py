@@ -97,8 +97,8 @@ def build_parser() -> OneLineParser:
                         help="compute and storage dtype (default: the plan's model dtype, bfloat16)")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip the warm-up at load (one prefill and one decode step of the request's shapes "
-                             "through the first layer of each layer group); its first request then pays one-off "
-                             "costs")
+                             "through the first layer of each layer group, then a whole two-token request); its "
+                             "first request then pays one-off costs")
     parser.add_argument("--emulate-gpu", action="store_true",
                         help="test mode: run 'gpu' sublayers on the CPU behind the GPU interface")
     return parser

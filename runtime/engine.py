@@ -569,7 +569,9 @@ class Engine:
         return out
 
     def _generate(self, batch: PromptBatch, max_new_tokens: int, return_logits: bool, sampler: Sampler,
-                  stops: StopState, streamer=None, on_step=None) -> Generation:
+                  stops: StopState, streamer=None, on_step=None, guard: bool = True) -> Generation:
+        """`generate` after its checks. `guard` False (the warm-up's request of zeros): non-finite logits are not
+        an error (a bad weight is named by the first request that reads it)."""
         ids = batch.ids
         size, prompt_len = ids.shape
         executor, sync = self.executor_for(size), self.backend.synchronize
@@ -594,7 +596,7 @@ class Engine:
         inputs = [ids]
         sync()
         prefilled = time.perf_counter()
-        if not bool(finite[0]):
+        if guard and not bool(finite[0]):
             self._nonfinite(0, inputs, prompt_len, pad, pick)
         if watch is not None:
             watch.push(tokens[0])
@@ -617,7 +619,7 @@ class Engine:
         sync()
         done = time.perf_counter()
         flags = torch.stack([flag.to("cpu") for flag in finite])  # after the timed loop
-        if not bool(flags.all()):
+        if guard and not bool(flags.all()):
             self._nonfinite(int((~flags).nonzero()[0, 0]), inputs, prompt_len, pad, pick)
         token_ids = torch.cat([t.to("cpu") for t in tokens], dim=1)
         stacked = torch.stack([l.float().to("cpu") for l in logits], dim=1) if return_logits else None
@@ -653,8 +655,8 @@ class Engine:
 
     @torch.inference_mode()
     def warm_up(self, batch: int, prompt_len: int) -> float:
-        """Run every distinct op placement once at a request's shapes (`Executor.warm_up`), so that the first
-        request's prefill costs what the plan predicts: cuBLAS handles and workspaces, the kernels the libraries
+        """Run every distinct op placement once at a request's shapes (`Executor.warm_up`), then one whole request
+        of two tokens, so that the first request's prefill costs what the plan predicts: cuBLAS handles and workspaces, the kernels the libraries
         pick for these shapes (and their modules, loaded on first use), oneDNN's primitives, the allocator's blocks
         and the pinned host blocks of PCIe crossings are made here. Returns (and keeps) its seconds."""
         self._open()
@@ -662,16 +664,26 @@ class Engine:
         began = time.perf_counter()
         counts = self.backend.transfers
         before = dataclasses.replace(counts, by_value=dict(counts.by_value))
+        log = self.executor.streamer.log
+        logged = len(log) if log is not None else 0
         try:
             self.executor.warm_up(batch, prompt_len)
+            # Then one whole request of two tokens: the pipelined pass keeps more crossings and staging copies in
+            # flight than the layer-at-a-time pass above, and the pinned host and allocator blocks they need are
+            # made here, not in the first request (measured on the H200: the first timed run of each point was
+            # 12-37 % slower without it; bench/results/h200-2026-12-02/README.md, i12-abba).
+            self._generate(self.prompts(torch.zeros(batch, prompt_len, dtype=torch.long), None, False)[0], 2,
+                           False, Sampler([SamplingParams()] * batch), StopState(batch, (), 0), guard=False)
         except torch.cuda.OutOfMemoryError as e:
             e = _bare(e)
             raise LiacError("host", f"CUDA out of memory while warming up at batch {batch}, prompt {prompt_len}: the "
                                     f"activations do not fit within the plan's GPU budget of "
                                     f"{self.budget.budget_bytes / GIB:.2f} GiB") from e
-        finally:  # the transfer counters are the requests': the warm-up's are dropped (in place: steps hold them)
-            for counter in dataclasses.fields(counts):
+        finally:  # the transfer counters and stream log are the requests': the warm-up's are dropped (in place:
+            for counter in dataclasses.fields(counts):  # steps hold them)
                 setattr(counts, counter.name, getattr(before, counter.name))
+            if log is not None:
+                del log[logged:]
         self.warmup_seconds = time.perf_counter() - began
         self.warmup_request = (batch, prompt_len)
         return self.warmup_seconds

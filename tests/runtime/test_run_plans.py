@@ -123,14 +123,14 @@ def test_budget_skips_failures_and_a_file_after_every_run(tmp_path, monkeypatch)
 def test_estimate_is_warmup_plus_timed_run_plus_profile():
     work = make_plan(TINY, "gpu", batch=4, prompt_len=32, gen_len=10).spec.workload
     predicted = dataclasses.make_dataclass("P", ["prefill_seconds", "decode_seconds_per_token"])(2.0, 0.5)
-    # full request, a warm-up through a quarter of the layers: (2 + 0.5) / 4; timed = 2 + 9 × 0.5; profile of 3
-    # steps = 2 + 3 × 0.5
-    assert estimate_seconds(predicted, work, 4, 32, 10, 3, 0.25) == pytest.approx(0.625 + 6.5 + 3.5)
+    # full request, a warm-up through a quarter of the layers then a whole 2-token request: (2 + 0.5) × 1.25;
+    # timed = 2 + 9 × 0.5; profile of 3 steps = 2 + 3 × 0.5
+    assert estimate_seconds(predicted, work, 4, 32, 10, 3, 0.25) == pytest.approx(3.125 + 6.5 + 3.5)
     # half the batch and prompt: prefill scales with batch × prompt (0.5 s), a decode step with batch (0.25 s)
-    assert estimate_seconds(predicted, work, 2, 16, 4, 0) == pytest.approx((0.5 + 0.25) + (0.5 + 3 * 0.25))
+    assert estimate_seconds(predicted, work, 2, 16, 4, 0) == pytest.approx(2 * (0.5 + 0.25) + (0.5 + 3 * 0.25))
     # a timeline: its own engine's warm-up, a 3-token generate (prefill + 2 steps) and ~5 s for engine and trace
     assert run_plans_module.timeline_seconds(predicted, work, 2, 16, 0.25) == pytest.approx(
-        (0.5 + 0.25) / 4 + (0.5 + 2 * 0.25) + 5.0)
+        (0.5 + 0.25) * 1.25 + (0.5 + 2 * 0.25) + 5.0)
 
 
 def test_runs_that_would_end_past_the_deadline_are_skipped(tmp_path):

@@ -1,6 +1,6 @@
 """The warm-up at load (runtime/engine.py `Engine.warm_up`, runtime/executor.py `Executor.warm_up`): one prefill and
-one decode step at the request's shapes through the first layer of every layer group, so the first request pays no
-one-off costs. What it runs is derived by hand from the plans' groups; it must change no result, no transfer count
+one decode step at the request's shapes through the first layer of every layer group, then one whole request of two
+tokens, so the first request pays no one-off costs. What it runs is derived by hand from the plans' groups; it must change no result, no transfer count
 and no stream order of later requests."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ TINY = ModelConfig(name="tiny-opt", family="opt", hidden_size=32, num_layers=4, 
                    activation="relu", qkv_bias=True, proj_bias=True, tie_embeddings=True)
 
 
-def test_it_runs_the_first_layer_of_each_group_in_both_phases(monkeypatch):
+def test_it_runs_the_first_layer_of_each_group_then_a_whole_request(monkeypatch):
     ran = []
     compile_op = Executor._compile
 
@@ -35,9 +35,19 @@ def test_it_runs_the_first_layer_of_each_group_in_both_phases(monkeypatch):
     # layer 0 resident on the GPU (its own group), layers 1-3 one streamed group: the warm-up runs layers 0 and 1
     plan = make_plan(TINY, "mixed", resident_layers=1, batch=2, prompt_len=6)
     engine = Engine.from_plan(plan, RandomWeights(0), backend=EmulatedBackend(), warm_up=(2, 5))
-    layers = {(cls, layer) for cls, layer, _ in ran}
-    assert layers == {("embed", 0), ("decoder", 0), ("decoder", 1), ("head", 0)}
-    assert {length for *_, length in ran} == {5, 1}  # a prefill of the request's 5 tokens, then one decode step
+    def layers(entries):  # (class, layer) in the order first run (ops are per sublayer: a layer runs several)
+        return list(dict.fromkeys((cls, layer) for cls, layer, _ in entries))
+
+    # first the layer-at-a-time pass over layers 0 and 1: a prefill of the request's 5 tokens, then one decode step
+    cut = next(i for i, e in enumerate(ran) if e[2] == 1)  # the alone pass's decode step
+    again = next(i for i in range(cut, len(ran)) if ran[i][2] == 5)  # the whole request begins
+    first = [("embed", 0), ("decoder", 0), ("decoder", 1), ("head", 0)]
+    assert layers(ran[:cut]) == first and layers(ran[cut:again]) == first
+    # then a whole request of two tokens: every layer's prefill, then one decode step (its second token)
+    whole = [("embed", 0)] + [("decoder", layer) for layer in range(4)] + [("head", 0)]
+    second = next(i for i in range(again, len(ran)) if ran[i][2] == 1)
+    assert layers(ran[again:second]) == whole and layers(ran[second:]) == whole
+    assert {e[2] for e in ran[again:second]} == {5} and {e[2] for e in ran[second:]} == {1}
     assert engine.warmup_request == (2, 5) and engine.warmup_seconds > 0
 
 
