@@ -21,6 +21,13 @@ footprint stage measures the same on small runs that cross PCIe (liac.host.runti
 length, at each prompt length its plans ran) and prints what the ILP picks: its split units per decode step and per
 prefill, its predicted decode and prefill.
 
+--attribute prints, per run with a profiled decode step, where that step's time went, summed over layers: the
+non-expert units (attention, router, LM head, embedding, staging waits and releases) measured beside their re-priced
+ms, and each experts unit taken apart: the routing read on the host (`route`), the CPU part, the GPU part (the
+routed experts' copies and their compute), and the rest of a split (its measured time less the routing and the
+slower part: the dispatch of the GPU's experts on the host thread, the merge, the profiling pass's sync). The last line sets the
+profiled step's sum beside the timed steps' mean (the profiling pass synchronises after each op: the two differ).
+
 --units NAME,... prints, per run and layer group, the profiled decode step's ms of those units (runs.json
 `metrics.sublayers`, a mean per layer; a split also its CPU part and GPU part) beside the plan's own price and the
 re-priced one (compute + transfers), e.g. `--units experts` for an MoE call (bench/moe_h200.py).
@@ -38,7 +45,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "reprice_units", "main"]
+__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "reprice_units", "attribute_decode", "main"]
 
 
 def load_call_plans(folder: Path) -> dict[str, object]:
@@ -150,6 +157,64 @@ def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[d
     return rows
 
 
+ATTRIBUTE_KINDS = {"qkv": "attention", "attn_score": "attention", "attn_context": "attention", "attn": "attention",
+                   "out_proj": "attention", "router": "router", "lm_head": "lm_head", "embed": "embed",
+                   "wait": "stream_wait", "release": "release"}
+
+
+def attribute_decode(folder: Path, profile, plans: dict) -> list[dict]:
+    """Per run with a profiled decode step: ms per step by part (see --attribute), measured beside re-priced."""
+    from liac.passes.price import price_plan
+
+    runs = json.loads((folder / "runs.json").read_text())["runs"]
+    out, graphs = [], {}
+    for run in runs:
+        plan = plans.get(run["plan"])
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", []) if e.get("phase") == "decode"]
+        if plan is None or not entries:
+            continue
+        key = plan.spec.model.config_sha256
+        if key not in graphs:
+            from liac.passes.trace import trace_model
+
+            graphs[key] = trace_model(plan.model_config)
+        groups = {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+        counts = {g.name: g.layer_count for g in plan.spec.layer_groups}
+        measured: dict[str, float] = {}
+        priced: dict[str, float] = {}
+        for entry in entries:
+            layers = counts.get(entry["group"], 1)
+            names = entry.get("sublayers", [])
+            group = groups.get(entry["group"])
+            units = [u for u in group.units["decode"] if u.name in names] if group is not None else []
+            price = sum(u.compute_seconds + u.transfer_seconds for u in units) * 1e3 * layers
+            ms = entry["measured_ms"] * layers
+            if "experts" in names and entry.get("measured_cpu_part_ms") is not None:
+                cpu, gpu = entry["measured_cpu_part_ms"] * layers, entry["measured_gpu_part_ms"] * layers
+                route = (entry.get("measured_route_ms") or 0.0) * layers
+                parts = {"experts_route": route, "experts_cpu_part": cpu, "experts_gpu_part": gpu,
+                         "experts_split_rest": ms - route - max(cpu, gpu)}
+                for name, value in parts.items():
+                    measured[name] = measured.get(name, 0.0) + value
+                measured["experts_split"] = measured.get("experts_split", 0.0) + ms
+                priced["experts_split"] = priced.get("experts_split", 0.0) + price
+                continue
+            kind = "experts_gpu" if "experts" in names else ATTRIBUTE_KINDS.get(names[0], "other") if names else "other"
+            measured[kind] = measured.get(kind, 0.0) + ms
+            if units:
+                priced[kind] = priced.get(kind, 0.0) + price
+        summary = run.get("summary") or {}
+        out.append({"plan": run["plan"], "batch": plan.spec.workload.batch_size,
+                    "measured_ms": {k: round(v, 3) for k, v in sorted(measured.items())},
+                    "repriced_ms": {k: round(v, 3) for k, v in sorted(priced.items())},
+                    "profiled_step_ms": round(sum(v for k, v in measured.items()
+                                                  if k not in ("experts_route", "experts_cpu_part",
+                                                               "experts_gpu_part", "experts_split_rest")), 3),
+                    "timed_step_ms": summary.get("decode_ms_per_token"),
+                    "planned_step_ms": run["predicted"]["decode_ms_per_token"]})
+    return out
+
+
 def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[dict]:
     from liac.api import compile_plans
 
@@ -195,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
     parser.add_argument("--units", default="", metavar="NAME,...",
                         help="per layer group, these units' profiled decode ms beside their prices")
+    parser.add_argument("--attribute", action="store_true",
+                        help="per run, its profiled decode step taken apart by part (see the docstring)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
 
@@ -224,11 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         picks = _recompile(args.call, profile, plans, [int(b) for b in args.recompile.split(",")]) \
             if args.recompile else []
         units = reprice_units(args.call, profile, plans, set(args.units.split(","))) if args.units else []
+        parts = attribute_decode(args.call, profile, plans) if args.attribute else []
     except LiacError as e:
         print(f"reprice: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units}, indent=1))
+        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units, "attribution": parts},
+                         indent=1))
         return 0
     for note in notes:
         print(note)
@@ -264,6 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         out.write(f"{row['plan']:44s} {row['group']:>10s} {row['layers']:6d} {row['units']:>8s} "
                   f"{row['measured_ms']:29.2f} {parts:>20s} {planned:8.2f} {row['repriced_ms']:9.2f} "
                   f"{row['repriced_ms'] / row['measured_ms'] - 1:+7.1%}\n")
+    for row in parts:
+        out.write(f"{row['plan']} b{row['batch']}: decode ms per step by part, measured (re-priced)\n")
+        for name, value in row["measured_ms"].items():
+            price = row["repriced_ms"].get(name)
+            out.write(f"  {name:20s} {value:9.2f}" + (f" ({price:.2f})" if price is not None else "") + "\n")
+        out.write(f"  {'profiled step':20s} {row['profiled_step_ms']:9.2f}; timed steps {cell(row['timed_step_ms'], 0)}"
+                  f" ms/token, planned {row['planned_step_ms']:.1f}\n")
     print(out.getvalue(), end="")
     return 0
 

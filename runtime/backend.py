@@ -109,6 +109,11 @@ class Backend:
         self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
         return tensor.to(self.devices[dst])
 
+    def transfer_many(self, tensors: list[torch.Tensor], dst: str, values: list[str]) -> list[torch.Tensor]:
+        """`transfer` of each tensor to `dst`, in order; the GPU's backend waits once for all of them (an MoE
+        experts op's routing: the normalised input, the expert indices and their weights, read on the host)."""
+        return [self.transfer(tensor, dst, value) for tensor, value in zip(tensors, values)]
+
     def copy_into(self, dst: torch.Tensor, src: torch.Tensor, to_gpu: bool, value: str = "",
                   beside: bool = False) -> None:
         """`dst.copy_(src)` across devices, counted; asynchronous where the memory allows it. `beside`: a GPU → host
@@ -233,6 +238,20 @@ class CudaBackend(Backend):
         out.copy_(tensor, non_blocking=True)  # a strided source is made contiguous on the GPU first
         torch.cuda.current_stream(self.devices["gpu"]).synchronize()
         return out
+
+    def transfer_many(self, tensors, dst, values):
+        """To the host: every copy queued on the compute stream, then one wait for all of them (`transfer` would
+        wait after each: three host synchronisations per MoE layer for its routing, where one does)."""
+        if dst == "gpu":
+            return super().transfer_many(tensors, dst, values)
+        outs = []
+        for tensor, value in zip(tensors, values):
+            self.transfers.count(tensor.numel() * tensor.element_size(), False, value)
+            out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            out.copy_(tensor, non_blocking=True)
+            outs.append(out)
+        torch.cuda.current_stream(self.devices["gpu"]).synchronize()
+        return outs
 
     def copy_into(self, dst, src, to_gpu, value="", beside=False):
         if beside and not to_gpu and dst.is_pinned():

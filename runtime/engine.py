@@ -35,6 +35,7 @@ from liac.runtime.hostweights import HostWeights
 from liac.runtime.kernels import choose_cpu_linear
 from liac.runtime.kvcache import KVCache
 from liac.runtime.memory import TierMemory, aligned
+from liac.runtime.moe import ExpertShare
 from liac.runtime.numa import libnuma, plan_cxl_placement, read_nodes
 from liac.runtime.sampling import Sampler, SamplingParams
 from liac.runtime.schedule import Schedule, build_schedule
@@ -254,8 +255,9 @@ class Engine:
                 False. Timed apart from loading (`load_seconds`, `warmup_seconds`).
             expert_share: MoE layers with both CPU and streamed experts share a step's routed host experts between
                 the two by the ratio of their times per expert (`ExpertRun.assign`): 'auto' measures it at load (the
-                CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured), a
-                number gives it (CPU seconds per expert over PCIe's), 'off' keeps each expert where the plan puts it.
+                CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured) and then
+                follows the CPU parts' own host times (runtime/moe.py `ExpertShare`), a number gives it (CPU seconds
+                per expert over PCIe's, fixed), 'off' keeps each expert where the plan puts it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -382,9 +384,9 @@ class Engine:
             kv = KVCache(backend, memory, schedule.kv_tiers, schedule.kv_shape, dtype)
             buffers = [memory.take("hbm", (schedule.buffer_bytes,), torch.uint8) for _ in range(schedule.buffers)]
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
-            ratio = _expert_ratio(options.expert_share, backend, schedule, store, cpu_linear, buffers)
+            share = _expert_share(options.expert_share, backend, schedule, store, cpu_linear, buffers)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0],
-                                ratio)
+                                share)
             backend.synchronize()
             if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
@@ -422,7 +424,7 @@ class Engine:
             schedule = build_schedule(batch_plan(self.plan, live), self.schedule.itemsize, self.source)
             main = self.executor
             self._executors[planned] = Executor(self.backend, schedule, self.cfg, self.dtype, self.store, main.kv,
-                                                main.streamer, self.cpu_linear[0])
+                                                main.streamer, self.cpu_linear[0], main.expert_share)
         return self._executors[planned]
 
     def close(self) -> None:
@@ -807,18 +809,19 @@ def _cpu_weights(schedule: Schedule, store: WeightStore) -> list[torch.Tensor]:
     return out
 
 
-def _expert_ratio(request: str | float, backend: Backend, schedule: Schedule, store: WeightStore,
-                  cpu_linear: tuple[str, dict | None], buffers: list[torch.Tensor]) -> float | None:
+def _expert_share(request: str | float, backend: Backend, schedule: Schedule, store: WeightStore,
+                  cpu_linear: tuple[str, dict | None], buffers: list[torch.Tensor]) -> ExpertShare | None:
     """The CPU's seconds per expert over PCIe's (`ExpertRun.assign`) for `Engine.from_plan(expert_share=...)`: a
-    given number; None for 'off' or a plan without MoE layers that both compute experts on the CPU and stream them;
-    for 'auto', the CPU kernel's measured rate (`choose_cpu_linear`) over the rate of copying one host expert's
-    weights (pinned) into a staging buffer, timed here (~10 ms), or None without a GPU or a measured CPU rate."""
+    given number, fixed; None for 'off' or a plan without MoE layers that both compute experts on the CPU and stream
+    them; for 'auto', the CPU kernel's measured rate (`choose_cpu_linear`) over the rate of copying one host
+    expert's weights (pinned) into a staging buffer, timed here (~10 ms), then following the CPU parts' host times
+    (runtime/moe.py); None without a GPU or a measured CPU rate."""
     runs = [op for phase in schedule.phases.values() for op in phase.ops
             if op.experts is not None and op.experts.cpu and op.experts.streamed]
     if request == "off" or not runs:
         return None
     if request != "auto":
-        return float(request)
+        return ExpertShare(float(request))
     name, rates = cpu_linear
     if backend.name != "cuda" or not rates or not rates.get(name):
         return None
@@ -836,7 +839,10 @@ def _expert_ratio(request: str | float, backend: Backend, schedule: Schedule, st
     end.record()
     end.synchronize()
     h2d = nbytes / max(start.elapsed_time(end) / 1e3, 1e-9) / 1e9
-    return h2d / rates[name]
+    one_expert = sum(t.numel() * t.element_size() for t in (store(p.canonical, op.weights)[0]
+                                                           for p in schedule.params[(op.layer_class, op.layer,
+                                                                                     "experts")]))
+    return ExpertShare(h2d / rates[name], pcie_seconds=one_expert / (h2d * 1e9), adapt=True)
 
 
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,

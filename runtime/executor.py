@@ -45,6 +45,7 @@ from liac.models.mixtral import expert_block_rows, experts_partial, group_by_exp
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
+from liac.runtime.moe import ExpertShare
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
@@ -148,10 +149,10 @@ class Executor:
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
                  tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
-                 expert_ratio: float | None = None):
+                 expert_share: ExpertShare | None = None):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
         self.cpu_linear = cpu_linear  # the small-M CPU kernel the engine measured (runtime/kernels.py)
-        self.expert_ratio = expert_ratio  # CPU seconds per expert over PCIe's (ExpertRun.assign); None: as planned
+        self.expert_share = expert_share  # CPU seconds per expert over PCIe's (ExpertRun.assign); None: as planned
         self.tensors = tensors  # (canonical parameter, tier) → tensor
         self.kv, self.streamer = kv, streamer
         with torch.device("meta"):
@@ -174,6 +175,11 @@ class Executor:
         self.head_device = {phase: op.split.merge_on[0] if op.split else op.device  # where the greedy token is
                             for phase, op in heads.items()}
         del self.templates  # bound copies hold everything they need
+
+    @property
+    def expert_ratio(self) -> float | None:
+        """The share's current ratio (CPU seconds per expert over PCIe's), None when experts stay as planned."""
+        return self.expert_share.current if self.expert_share is not None else None
 
     # -- binding ------------------------------------------------------------------------------------------------
     def _template(self, op: Op, sublayer: str) -> nn.Module:
@@ -560,6 +566,18 @@ def _run_moves(transfer, vals: dict, moves: tuple[Move, ...]) -> None:
         vals[move.value][move.dst] = transfer(vals[move.value][move.src], move.dst, move.value)
 
 
+def _run_moves_together(backend, vals: dict, moves: tuple[Move, ...]) -> None:
+    """`_run_moves`, with every move to the host made at once (`Backend.transfer_many`: one wait for all)."""
+    to_host = [m for m in moves if m.dst == "cpu"]
+    if len(to_host) < 2:
+        _run_moves(backend.transfer, vals, moves)
+        return
+    _run_moves(backend.transfer, vals, tuple(m for m in moves if m.dst != "cpu"))
+    copies = backend.transfer_many([vals[m.value][m.src] for m in to_host], "cpu", [m.value for m in to_host])
+    for move, copy in zip(to_host, copies):
+        vals[move.value]["cpu"] = copy
+
+
 def _bring(transfer, vals: dict, inputs_at: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
     """Copy each value to the devices in `inputs_at` that lack it (from a device that has it): where a pass over every
     layer holds it before the op (a pass over some layers only, `Executor._forward_alone`)."""
@@ -789,17 +807,26 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         vals = frame.vals
         timed = ex._part_seconds if len(devices) == 2 else None  # a list only in a split op's profiling pass
         began = time.perf_counter()
-        _run_moves(transfer, vals, pre)
+        _run_moves_together(backend, vals, pre)  # the routing read on the host: one wait for h, ei and ew
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
-        on = dict(zip(("cpu", "gpu"), run.assign(counts, ex.expert_ratio)))  # routed host experts: CPU, streamed
+        share = ex.expert_share if run.cpu and run.streamed else None
+        on = dict(zip(("cpu", "gpu"), run.assign(counts, share.ratio() if share is not None else None)))
+        if share is not None and not on["cpu"] and run.assign(counts)[0]:
+            share.idle()  # the CPU got none of the routed host experts the plan gives it: nothing measures it
         partial = {}
         if timed is None:
             # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1
             # with the share, one device in a quarter of the steps of a layer with 5 CPU and 2 streamed experts)
             busy = [d for d in devices if on[d] or (d == "gpu" and any(counts[:run.hbm]))] or devices[:1]
             for device in busy:
-                partial[device] = part(device, vals, counts, on[device])
+                if device == "cpu":
+                    began = time.perf_counter()
+                    partial[device] = part(device, vals, counts, on[device])
+                    if share is not None:  # the CPU part's host seconds: the share follows the CPU's rate
+                        share.observe(time.perf_counter() - began, len(on["cpu"]))
+                else:
+                    partial[device] = part(device, vals, counts, on[device])
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began
             start = backend.timing_event()
@@ -811,7 +838,10 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             launched = time.perf_counter() - began
             began = time.perf_counter()
             partial["cpu"] = part("cpu", vals, counts, on["cpu"])
-            timed.append(_PartTiming(time.perf_counter() - began, start, end, launched, routed))
+            seconds = time.perf_counter() - began
+            if share is not None:
+                share.observe(seconds, len(on["cpu"]))
+            timed.append(_PartTiming(seconds, start, end, launched, routed))
         out = {}
         for position, device in enumerate(run.merge_on):
             # the partial sums meet here, then the residual (HF: residual + experts' sum). A partial no later merge

@@ -108,6 +108,7 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
             if "route" in split:  # experts on both devices: the routing read on the host before the parts
                 row["measured_route_ms"] = _ms(split["route"])
         sublayers.append(row)
+    share = engine.executor.expert_share
     transfers = generation.transfers or engine.backend.transfers.totals()  # the timed run's, not the profile's
     memory = [{"tier": tier, **{k: v for k, v in values.items()}}
               for tier, values in engine.memory_report().items()]
@@ -119,8 +120,10 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
                     "cpu_kernels": cpu_backend(), "dtype": str(engine.dtype).replace("torch.", ""),
                     "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
                     "cpu_small_m_kernel": engine.cpu_linear[0],
-                    "expert_share_ratio": (stable_float(engine.executor.expert_ratio)
-                                           if engine.executor.expert_ratio is not None else None),
+                    "expert_share_ratio": (stable_float(share.at_load) if share is not None else None),
+                    "expert_share": ({"at_load": stable_float(share.at_load), "now": stable_float(share.current),
+                                      "adapt": share.adapt, "cpu_parts_observed": share.observed,
+                                      "probes": share.probes} if share is not None else None),
                     "cpu_small_m_gb_per_s": ({k: stable_float(v) for k, v in engine.cpu_linear[1].items()}
                                              if engine.cpu_linear[1] else None)},
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,

@@ -412,3 +412,127 @@ def test_the_h200_optima_that_failed_in_warm_up_match_hf_fp32(tmp_path, mixtral1
     out = engine.generate(PROMPT, NEW_TOKENS // 2, return_logits=True)
     assert torch.equal(out.token_ids, tokens)
     torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+
+
+def _streamed_at(hit: set[int], hbm: int, cpu: int, num_experts: int, cpu_takes_all: bool) -> set[int]:
+    """The routed host experts a pass streams under a share whose ratio has run to one end: a CPU far slower than
+    PCIe gets none of them (all streamed), a far faster one all of them (none streamed); every host expert routed:
+    as planned."""
+    host = {e for e in hit if e >= hbm}
+    if len(host) == num_experts - hbm:
+        return {e for e in host if e >= hbm + cpu}
+    return set() if cpu_takes_all else host
+
+
+@pytest.mark.parametrize("cpu_takes_all", (False, True), ids=("slow-cpu", "fast-cpu"))
+def test_adaptive_share_follows_the_cpu_parts(checkpoints, reference, cpu_takes_all):
+    """With an adapting share (`ExpertShare`, as 'auto' makes it on a GPU), the ratio follows the CPU parts' own
+    host seconds: against a PCIe copy priced at a femtosecond every routed host expert is streamed after the first
+    CPU part, against one of a thousand seconds the CPU takes them all; the copies match HF's routing replayed
+    under that share, and the tokens stay HF's."""
+    from liac.runtime.moe import ExpertShare
+
+    directory, cfg = checkpoints("mixtral")
+    log: list = []
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 2, 3)), directory,
+                              backend=make_test_backend("emulated"), dtype=torch.float32, stream_log=log,
+                              expert_share=1.0)
+    share = ExpertShare(1.0, pcie_seconds=1e3 if cpu_takes_all else 1e-15, adapt=True, probe_every=10**9)
+    engine.executor.expert_share = share
+    fp32, _, tokens, _ = reference("mixtral")
+    assert torch.equal(engine.generate(PROMPT, NEW_TOKENS).token_ids, tokens)  # the share moves off 1.0 here
+    assert share.observed > 0
+    assert (share.current < 1e-3) if cpu_takes_all else (share.current > 1e6)
+    log.clear()
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert torch.equal(out.token_ids, tokens)
+    hit = _routed(fp32, torch.cat([PROMPT, tokens], dim=1))
+    expected = sum(len(_streamed_at(h, 1, 2 if index == 0 else 3, cfg.num_experts, cpu_takes_all))
+                   for passes in hit for index, h in enumerate(passes))
+    assert len([entry for entry in log if entry[0] == "expert"]) == expected
+    fixed = sum(len(_streamed_share(h, 1, 2 if index == 0 else 3, cfg.num_experts))
+                for passes in hit for index, h in enumerate(passes))
+    assert expected != fixed  # the adapted share streams other experts than the fixed ratio of 1 would
+    if not cpu_takes_all:  # a CPU left idle is measured again every `probe_every` experts ops that skip it
+        share.probe_every, observed = 2, share.observed
+        assert torch.equal(engine.generate(PROMPT, NEW_TOKENS).token_ids, tokens)
+        assert share.probes > 0 and share.observed > observed
+
+
+def test_expert_share_moves_with_the_cpu_and_probes_an_idle_one():
+    from liac.runtime.moe import ExpertShare
+
+    fixed = ExpertShare(0.9)
+    fixed.observe(5.0, 1)
+    fixed.idle()
+    assert fixed.ratio() == 0.9 and fixed.current == 0.9 and fixed.observed == 0  # a given number stays
+    share = ExpertShare(1.0, pcie_seconds=0.01, adapt=True, weight=0.5, probe_every=3)
+    share.observe(0.06, 2)  # 30 ms an expert: 3 copies' time
+    assert share.current == pytest.approx(2.0) and share.observed == 1
+    share.observe(0.0, 1)  # no time, no expert: nothing learnt
+    share.observe(0.02, 0)
+    assert share.current == pytest.approx(2.0) and share.observed == 1
+    share.idle()
+    share.idle()
+    assert share.ratio() == pytest.approx(2.0)
+    share.idle()
+    assert share.ratio() is None and share.probes == 1  # idle 3 times in a row: the plan's placement, once
+    assert share.ratio() == pytest.approx(2.0)
+    share.idle()
+    share.idle()
+    share.observe(0.01, 1)  # the CPU measured again: the count starts over
+    share.idle()
+    assert share.ratio() == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="positive pcie_seconds"):
+        ExpertShare(1.0, adapt=True)
+    with pytest.raises(ValueError, match="positive ratio"):
+        ExpertShare(0.0)
+
+
+def test_routing_reaches_the_host_in_one_wait(checkpoints, reference):
+    """A split experts op reads its routing (the normalised input, the expert indices, their weights) on the host
+    through one `transfer_many` (on CUDA one synchronisation, not one per tensor); no single transfer of them."""
+    from liac.runtime.backend import EmulatedBackend
+
+    class Recording(EmulatedBackend):
+        def __init__(self):
+            super().__init__()
+            self.many, self.single, self._inside = [], [], False
+
+        def transfer(self, tensor, dst, value=""):
+            if not self._inside:
+                self.single.append((value, dst))
+            return super().transfer(tensor, dst, value)
+
+        def transfer_many(self, tensors, dst, values):
+            self.many.append((tuple(values), dst))
+            self._inside = True
+            try:
+                return super().transfer_many(tensors, dst, values)
+            finally:
+                self._inside = False
+
+    directory, cfg = checkpoints("mixtral")
+    backend = Recording()
+    engine = Engine.from_plan(_plan(cfg, "mixed"), directory, backend=backend, dtype=torch.float32)
+    backend.many.clear()
+    backend.single.clear()
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert torch.equal(out.token_ids, reference("mixtral")[2])
+    splits = sum(1 for op in engine.schedule.phases["decode"].ops if op.kind == "experts" and op.device == "split")
+    assert splits and len(backend.many) >= splits * (NEW_TOKENS - 1)
+    assert set(backend.many) == {(("h", "ei", "ew"), "cpu")}
+    assert not [s for s in backend.single if s[0] in ("h", "ei", "ew") and s[1] == "cpu"]
+
+
+@pytest.mark.gpu
+def test_cuda_transfer_many_copies_to_pinned_host_memory():
+    from liac.runtime.backend import CudaBackend
+
+    backend = CudaBackend()
+    tensors = [torch.randn(2, 3, device="cuda", dtype=torch.bfloat16), torch.arange(6, device="cuda").view(2, 3),
+               torch.rand(2, 3, device="cuda")]
+    before = backend.transfers.totals()["d2h_bytes"]
+    out = backend.transfer_many(tensors, "cpu", ["h", "ei", "ew"])
+    assert all(o.device.type == "cpu" and o.is_pinned() and torch.equal(o, t.cpu()) for o, t in zip(out, tensors))
+    assert backend.transfers.totals()["d2h_bytes"] - before == sum(t.numel() * t.element_size() for t in tensors)

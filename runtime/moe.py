@@ -1,0 +1,59 @@
+"""The ratio by which an MoE step's routed host experts are shared between the CPU and PCIe, kept up to date.
+
+`ExpertRun.assign` (runtime/schedule.py) shares a step's routed host experts so that the slower device finishes
+first, given the CPU's seconds per expert over PCIe's. The engine measures both at load: the CPU kernel's rate on
+expert weights and one expert's pinned copy. On the H200 machine the CPU's rate on the experts then varied by ~1.5x
+between runs seconds apart and by ~2x between machine starts (docs/benchmarks.md, the Mixtral calls), while the
+copy's rate held within a few per cent. So with `adapt`, `ExpertShare` follows the CPU: every CPU part of an experts
+op reports its host seconds (`observe`, timed on the host thread, which computes it: no synchronisation), and the
+ratio is the running mean (exponentially weighted) of those seconds per expert over the copy's seconds per expert,
+measured at load. A CPU that reads an expert in twice a copy's time then gets no routed expert at batch 1 (both go
+over PCIe); one that recovers gets them back. While the CPU gets none, nothing measures it: after `probe_every`
+experts ops in a row whose routed host experts all went to PCIe although the plan puts some on the CPU, one op runs
+the plan's own placement (`ratio` returns None), which measures the CPU again.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ExpertShare"]
+
+
+class ExpertShare:
+    """CPU seconds per expert over PCIe's, for `ExpertRun.assign`: fixed, or (`adapt`) following the CPU parts."""
+
+    def __init__(self, ratio: float, pcie_seconds: float | None = None, adapt: bool = False, weight: float = 0.25,
+                 probe_every: int = 64):
+        if ratio <= 0 or (adapt and not (pcie_seconds and pcie_seconds > 0)) or not 0 < weight <= 1:
+            raise ValueError("ExpertShare needs a positive ratio, and to adapt a positive pcie_seconds and a weight "
+                             "in (0, 1]")
+        self.at_load = float(ratio)
+        self.pcie_seconds = pcie_seconds  # one expert's copy (all its matrices), measured at load
+        self.adapt = adapt
+        self.weight = weight
+        self.probe_every = probe_every
+        self.current = float(ratio)
+        self.observed = 0  # CPU parts observed
+        self.probes = 0  # experts ops run as planned to measure a CPU that the share had left idle
+        self._idle = 0  # experts ops in a row whose routed host experts all went to PCIe, some planned on the CPU
+
+    def ratio(self) -> float | None:
+        """The ratio for this experts op; None (the plan's placement) when it is time to measure the CPU again."""
+        if self.adapt and self._idle >= self.probe_every:
+            self._idle = 0
+            self.probes += 1
+            return None
+        return self.current
+
+    def observe(self, seconds: float, experts: int) -> None:
+        """A CPU part computed `experts` routed experts in `seconds` of host time."""
+        if not self.adapt or experts <= 0 or not seconds > 0:
+            return
+        self._idle = 0
+        self.observed += 1
+        measured = seconds / experts / self.pcie_seconds
+        self.current += self.weight * (measured - self.current)
+
+    def idle(self) -> None:
+        """An experts op gave PCIe every routed host expert although the plan puts some of them on the CPU."""
+        if self.adapt:
+            self._idle += 1
