@@ -36,7 +36,8 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
                 peers.json
   7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json
 `--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
-`--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15.
+`--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
+`--share-ab` each optimum again with its expert share kept at the load-time ratio (the default follows the CPU).
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
@@ -349,6 +350,12 @@ class MoeBench:
             for threads in reversed(self.args.threads_ab):
                 specs.insert(at, dataclasses.replace(specs[at - 1], threads=threads))
                 names.insert(at, f"optimal@{threads}t:b1")
+        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if self.args.share_ab else ():
+            # the optimum again with the expert share measured at load and kept (runtime/moe.py; before the share
+            # followed the CPU parts), right after its 'auto' run
+            at = names.index(f"optimal:b{batch}") + 1
+            specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="load"))
+            names.insert(at, f"optimal@load:b{batch}")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -471,7 +478,8 @@ class MoeBench:
             row = {"contender": contender, "batch": int(batch), "predicted": run["predicted"], "measured": got,
                    "floor_decode_ms_per_token": None, "floor_prefill_ms": None,
                    "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
-                   "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu")}
+                   "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu"),
+                   "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share")}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -490,6 +498,11 @@ class MoeBench:
                       f" | {row['cpu_threads']} threads, GPU peak {row['gpu_peak_gib']} GiB"
                       + ("" if not row["host_cpu"] else f", other processes {row['host_cpu']['others_cores']} "
                          f"cores, stolen {row['host_cpu']['steal_cores']}"))
+                if row["expert_share"]:
+                    share = row["expert_share"]
+                    print(f"{'':>17} {'':>5}   expert share: CPU s per expert over PCIe's {share['at_load']} at "
+                          f"load, {share['now']} at the end ({'following the CPU' if share['adapt'] else 'kept'}; "
+                          f"{share['cpu_parts_observed']} CPU parts, {share['probes']} probes)")
                 if row.get("batch1_experts_model_ms"):
                     print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
                         f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))
@@ -557,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-threads", type=int, default=0,
                         help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
                              "per core); the peers' processes keep their default")
+    parser.add_argument("--share-ab", action="store_true",
+                        help="run each optimum again right after it with the expert share measured at load and kept "
+                             "(Engine expert_share='load'), beside its default that follows the CPU ('auto')")
     parser.add_argument("--threads-ab", type=lambda s: [int(t) for t in s.split(",") if t], default=[],
                         help="also run the batch-1 optimum at these CPU thread counts, right after it (e.g. 15)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: a tiny Mixtral, GPU emulated")

@@ -199,7 +199,8 @@ def attribute_decode(folder: Path, profile, plans: dict) -> list[dict]:
                 measured["experts_split"] = measured.get("experts_split", 0.0) + ms
                 priced["experts_split"] = priced.get("experts_split", 0.0) + price
                 continue
-            kind = "experts_gpu" if "experts" in names else ATTRIBUTE_KINDS.get(names[0], "other") if names else "other"
+            kind = f"experts_{entry['device']}" if "experts" in names else \
+                ATTRIBUTE_KINDS.get(names[0], "other") if names else "other"
             measured[kind] = measured.get(kind, 0.0) + ms
             if units:
                 priced[kind] = priced.get(kind, 0.0) + price

@@ -80,6 +80,7 @@ class RunSpec:
     prompt_len: int | None = None
     gen_len: int | None = None
     threads: int | None = None  # torch's intra-op (CPU) threads for this run; None: as the process has them
+    expert_share: str | None = None  # Engine.from_plan(expert_share=...) for this run; None: the engine's default
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
@@ -293,8 +294,11 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
             if run.threads:
                 torch.set_num_threads(run.threads)
             record["cpu_threads"] = torch.get_num_threads()
+            share = {"expert_share": run.expert_share} if run.expert_share else {}
+            if share:
+                record["expert_share"] = run.expert_share
             try:
-                engine = Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len))
+                engine = Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len), **share)
             except BaseException:
                 torch.set_num_threads(threads)
                 raise

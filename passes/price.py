@@ -41,7 +41,7 @@ from liac.plan import (EXPERT_SLOTS, HOST_TIERS, PHASES, TIERS, LayerGroup, Offl
 from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
-__all__ = ["SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
+__all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
            "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
@@ -52,6 +52,10 @@ __all__ = ["SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "Pla
 # decode steps) a split took 0.57-1.2 ms beyond its slower part and a GPU unit 0.17-0.31 ms beyond its kernel:
 # 2.2-3.9 ops' worth per split (docs/benchmarks.md, "Where the decode time goes").
 SPLIT_OPS = 3
+# Eq. 21b: a split MoE experts unit is SPLIT_OPS ops and one more, the routing read on the host before either part
+# (the router's indices, weights and normalised input cross from the GPU, then one synchronisation, then the
+# counts per expert): on the H200 (2026-12-02 c, profiled decode steps) 0.15-0.27 ms per layer, ~o (0.21 ms).
+EXPERT_SPLIT_OPS = SPLIT_OPS + 1
 
 # Eq. 25: the option value (beside the CPU shares 0 … 1000 in permille) of a decode attention unit on the CPU whose
 # partner (score's context, context's score) runs on the GPU: the runtime then runs it alone, a matmul over the
@@ -369,7 +373,7 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
         if unit_seconds is not None:
             slower = np.maximum(slower, unit_seconds)
         out["compute"][option] = (slower + (costs.split_sync_seconds if both else 0.0)
-                                  + (SPLIT_OPS if both else 1) * costs.runtime_op_seconds)  # Eq. 24
+                                  + (EXPERT_SPLIT_OPS if both else 1) * costs.runtime_op_seconds)  # Eq. 24
         out["cpu"][option] = cpu
         if cpu_count:
             out["beside"][option] = unit.expert_cpu_beside_bytes[cpu_count][tier_index]

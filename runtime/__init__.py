@@ -19,6 +19,7 @@ Modules, in the order a run uses them:
     kernels.py    (op kind, device) → kernel; optional IPEX
     kvcache.py    per-layer KV cache in its tier
     staging.py    host → GPU streaming into staging buffers on a copy stream, prefetch_depth layers ahead
+    moe.py        the ratio an MoE step shares its routed host experts by (CPU vs PCIe), following the CPU
     executor.py   ops bound to liac.models sublayer modules; one loop per pass
     sequences.py  per-sequence state: left-padded prompts, EOS stops
     sampling.py   greedy / temperature, top-k, top-p sampling, reproducible per sequence

@@ -256,15 +256,17 @@ class Engine:
             expert_share: MoE layers with both CPU and streamed experts share a step's routed host experts between
                 the two by the ratio of their times per expert (`ExpertRun.assign`): 'auto' measures it at load (the
                 CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured) and then
-                follows the CPU parts' own host times (runtime/moe.py `ExpertShare`), a number gives it (CPU seconds
-                per expert over PCIe's, fixed), 'off' keeps each expert where the plan puts it.
+                follows the CPU parts' own host times (runtime/moe.py `ExpertShare`), 'load' measures it at load
+                and keeps it, a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each
+                expert where the plan puts it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
         """
-        if not (expert_share in ("auto", "off") or (isinstance(expert_share, (int, float))
-                                                    and not isinstance(expert_share, bool) and expert_share > 0)):
-            raise ValueError(f"expert_share must be 'auto', 'off' or a positive number, got {expert_share!r}")
+        if not (expert_share in ("auto", "load", "off") or (isinstance(expert_share, (int, float))
+                                                            and not isinstance(expert_share, bool)
+                                                            and expert_share > 0)):
+            raise ValueError(f"expert_share must be 'auto', 'load', 'off' or a positive number, got {expert_share!r}")
         options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
                            expert_share)
         began = time.perf_counter()
@@ -813,14 +815,14 @@ def _expert_share(request: str | float, backend: Backend, schedule: Schedule, st
                   cpu_linear: tuple[str, dict | None], buffers: list[torch.Tensor]) -> ExpertShare | None:
     """The CPU's seconds per expert over PCIe's (`ExpertRun.assign`) for `Engine.from_plan(expert_share=...)`: a
     given number, fixed; None for 'off' or a plan without MoE layers that both compute experts on the CPU and stream
-    them; for 'auto', the CPU kernel's measured rate (`choose_cpu_linear`) over the rate of copying one host
-    expert's weights (pinned) into a staging buffer, timed here (~10 ms), then following the CPU parts' host times
-    (runtime/moe.py); None without a GPU or a measured CPU rate."""
+    them; for 'auto' and 'load', the CPU kernel's measured rate (`choose_cpu_linear`) over the rate of copying one host
+    expert's weights (pinned) into a staging buffer, timed here (~10 ms), with 'auto' then following the CPU parts'
+    host times (runtime/moe.py); None without a GPU or a measured CPU rate."""
     runs = [op for phase in schedule.phases.values() for op in phase.ops
             if op.experts is not None and op.experts.cpu and op.experts.streamed]
     if request == "off" or not runs:
         return None
-    if request != "auto":
+    if request not in ("auto", "load"):
         return ExpertShare(float(request))
     name, rates = cpu_linear
     if backend.name != "cuda" or not rates or not rates.get(name):
@@ -842,7 +844,7 @@ def _expert_share(request: str | float, backend: Backend, schedule: Schedule, st
     one_expert = sum(t.numel() * t.element_size() for t in (store(p.canonical, op.weights)[0]
                                                            for p in schedule.params[(op.layer_class, op.layer,
                                                                                      "experts")]))
-    return ExpertShare(h2d / rates[name], pcie_seconds=one_expert / (h2d * 1e9), adapt=True)
+    return ExpertShare(h2d / rates[name], pcie_seconds=one_expert / (h2d * 1e9), adapt=request == "auto")
 
 
 def _check_host(plan: OffloadPlan, source: str, backend: Backend, schedule: Schedule, cxl_node: bool,

@@ -121,3 +121,45 @@ def test_main_prints_the_units_table(capsys):
     assert reprice.main([str(MOE_CALL), "--units", "experts"]) == 0
     out = capsys.readouterr().out
     assert "CPU part, GPU part" in out and out.count(" experts ") >= 20
+
+
+def test_attribute_takes_the_moe_calls_profiled_steps_apart():
+    """--attribute on the committed Mixtral call: per run, the profiled decode step by part, summed over layers.
+    The parts add up to the step the profile measured (each row once; a split's route, CPU part, GPU part and rest
+    only take it apart), a split's rest is its time less the routing and the slower part, and the split experts
+    units re-price to what `--units` gives them times their layers."""
+    import json
+
+    from liac.profile import resolve_profile
+
+    profile = resolve_profile(str(MOE_CALL / "run-profile.yaml"))
+    plans = reprice.load_call_plans(MOE_CALL)
+    rows = reprice.attribute_decode(MOE_CALL, profile, plans)
+    runs = json.loads((MOE_CALL / "runs.json").read_text())["runs"]
+    assert len(rows) == len(runs)
+    first = rows[0]
+    measured = first["measured_ms"]
+    assert first["batch"] == 1 and first["timed_step_ms"] == runs[0]["summary"]["decode_ms_per_token"]
+    whole = sum(v for k, v in measured.items() if k not in ("experts_route", "experts_cpu_part", "experts_gpu_part",
+                                                            "experts_split_rest"))
+    assert first["profiled_step_ms"] == pytest.approx(whole, abs=1e-2)
+    counts = {g.name: g.layer_count for g in plans[runs[0]["plan"]].spec.layer_groups}
+    entries = [e for e in runs[0]["metrics"]["sublayers"] if e["phase"] == "decode"]
+    assert first["profiled_step_ms"] == pytest.approx(sum(e["measured_ms"] * counts.get(e["group"], 1)
+                                                          for e in entries), abs=1e-2)
+    splits = [e for e in entries if e["device"] == "split"]
+    rest = sum((e["measured_ms"] - e["measured_route_ms"] - max(e["measured_cpu_part_ms"], e["measured_gpu_part_ms"]))
+               * counts[e["group"]] for e in splits)
+    assert measured["experts_split_rest"] == pytest.approx(rest, abs=1e-2) and rest > 0
+    units = [u for u in reprice.reprice_units(MOE_CALL, profile, plans, {"experts"})
+             if u["plan"] == runs[0]["plan"] and u["device"] == "split"][:len(splits)]
+    assert first["repriced_ms"]["experts_split"] == pytest.approx(sum(u["repriced_ms"] * u["layers"] for u in units),
+                                                                  abs=1e-2)
+    cpu_only = next(r for r in rows if r["plan"].endswith("experts-cpu"))
+    assert "experts_cpu" in cpu_only["measured_ms"] and "experts_split" not in cpu_only["measured_ms"]
+
+
+def test_main_prints_the_attribution(capsys):
+    assert reprice.main([str(MOE_CALL), "--attribute"]) == 0
+    out = capsys.readouterr().out
+    assert "experts_split_rest" in out and "profiled step" in out and "timed steps 167.7" in out

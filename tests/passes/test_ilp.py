@@ -28,7 +28,7 @@ from liac.passes import costs as costs_module
 from liac.passes.costs import (ClassCosts, CostGraph, EdgeCosts, Microbatch, PhaseCosts, TierBudgets, UnitCosts,
                                Workload, annotate_costs)
 from liac.passes.ilp import POLICIES, SolverOptions, phase_placements, solve_placement
-from liac.passes.price import SPLIT_OPS, layer_time, operand_tiers
+from liac.passes.price import EXPERT_SPLIT_OPS, layer_time, operand_tiers
 from liac.plan import EXPERT_SLOTS, TIERS
 from liac.profile import resolve_profile
 from liac.sizes import GIB
@@ -84,7 +84,7 @@ def eval_experts(costs: CostGraph, unit: UnitCosts, tier: str, hbm: int, value: 
         cpu_side += gpu * unit.expert_bytes[step] / unit.expert_slot_bytes * op
         if streamed and tier == "ddr":
             cpu_side = max(cpu_side, (cpu + streamed) * unit.expert_bytes[step] / (costs.ddr_shared_gb_per_s * GB))
-    chain = max(cpu_side, gpu_side) + ((costs.split_sync_seconds + SPLIT_OPS * op) if cpu and gpu else op)
+    chain = max(cpu_side, gpu_side) + ((costs.split_sync_seconds + EXPERT_SPLIT_OPS * op) if cpu and gpu else op)
     beside = unit.expert_cpu_beside_bytes[cpu][index][step] if cpu else 0.0
     return (chain, cpu_seconds, beside, moved, cpu * unit.expert_bytes[step],
             min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes)

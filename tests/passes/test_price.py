@@ -15,7 +15,7 @@ from liac.api import compile_plans
 from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
-from liac.passes.price import (SPLIT_OPS, dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices,
+from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices,
                                unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, TIERS, load_plan
@@ -345,7 +345,8 @@ def test_split_experts_by_hand(op, shared):
     when routed (none resident): the slowest of (a) the CPU's part, begun once the one host thread has dispatched
     the GPU's routed experts (one op each, Eq. 24: 4 · E_hit/E of them), (b) the GPU's part (the routed copies at
     the PCIe rate, then the last expert's compute) and (c) the copies and the CPU's expert reads sharing DDR for
-    the unit's duration (Eq. 6), plus the split's sync and SPLIT_OPS ops. A tight shared rate makes (c) bind, a
+    the unit's duration (Eq. 6), plus the split's sync and SPLIT_OPS ops and one for the routing read on the host
+    (EXPERT_SPLIT_OPS). A tight shared rate makes (c) bind, a
     large op (a); the last case has the 2026-12-02 H200 call's op and shared rate (0.21 ms, 95 GB/s)."""
     cfg = ZOO["mixtral-8x7b"].with_layers(2)
     hw = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=op, ddr_shared_gb_per_s=shared)
@@ -365,9 +366,9 @@ def test_split_experts_by_hand(op, shared):
         gpu = max(4 * one / (hw.pcie_h2d_gb_per_s * GB) + hw.pcie_latency_seconds,
                   unit.expert_gpu_seconds[4][step]) + unit.expert_gpu_seconds[1][step]
         both = 8 * one / (shared * GB)
-        per_step.append(max(cpu, gpu, both) + hw.split_sync_seconds + SPLIT_OPS * op)
+        per_step.append(max(cpu, gpu, both) + hw.split_sync_seconds + (SPLIT_OPS + 1) * op)
     (priced,) = [u for u in unit_times(costs, dec, "decode", tiers, permille) if u.name == "experts"]
-    assert priced.device == "split"
+    assert priced.device == "split" and EXPERT_SPLIT_OPS == SPLIT_OPS + 1
     assert priced.compute_seconds == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
     # at batch 1 two of 8 experts are routed: the step reads a quarter of each expert's weights (in expectation)
     assert unit.expert_bytes[0] / unit.expert_slot_bytes == pytest.approx(0.25, rel=1e-12)

@@ -207,7 +207,7 @@ def test_shared_routing_matches_hf_fp32(checkpoints, reference, placement):
 
 def test_expert_share_option_is_checked_and_auto_needs_a_measurement(checkpoints):
     directory, cfg = checkpoints("mixtral")
-    with pytest.raises(ValueError, match="expert_share must be 'auto', 'off' or a positive number, got 'always'"):
+    with pytest.raises(ValueError, match="expert_share must be 'auto', 'load', 'off' or a positive number, got 'always'"):
         Engine.from_plan(_plan(cfg, "mixed"), directory, backend=make_test_backend("emulated"), expert_share="always")
     # emulated: no GPU copy to time, so 'auto' keeps the plan's placement; a plan without CPU + streamed experts
     # has nothing to share whatever is asked
