@@ -82,6 +82,7 @@ class Streamer:
         self._copies: dict[int, list[_Copy]] = {}  # id(stream unit) → its copies, built once
         self.expert_stream = backend.new_copy_stream()
         self._expert_events: dict[tuple[int, int], tuple] = {}  # (buffer, expert slot) → (copied, freed) events
+        self._expert_views: dict[tuple, list[torch.Tensor]] = {}  # (buffer, slot offset, shapes) → its views
 
     # -- views into the buffers (the executor binds GPU modules to these once) ----------------------------------
     def view(self, slot: int, offset: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -115,6 +116,15 @@ class Streamer:
             offset += aligned(numel(shape) * self.itemsize)
         return out
 
+    def _expert_slot_views(self, stream_unit: StreamUnit, index: int, shapes: tuple) -> list[torch.Tensor]:
+        """`expert_slot`, made once per (buffer, slot, shapes): an experts op of every MoE layer at every step asks
+        for them (a dozen tensor views each time, host time on the step's chain otherwise)."""
+        key = (stream_unit.slot, stream_unit.expert_slots[index], shapes)
+        views = self._expert_views.get(key)
+        if views is None:
+            views = self._expert_views[key] = self.expert_slot(stream_unit, index, list(shapes))
+        return views
+
     def routed_experts(self, stream_unit: StreamUnit, experts: list[int],
                        sources: Callable[[int], list[torch.Tensor]]) -> Iterator[tuple[int, list[torch.Tensor]]]:
         """Copy the routed `experts` (their host tensors: `sources(expert)`) through the stream unit's expert slots
@@ -122,8 +132,8 @@ class Streamer:
         side. The caller computes with them before asking for the next one."""
         n = len(stream_unit.expert_slots)
         backend, stream = self.backend, self.expert_stream
-        shapes = [tuple(t.shape) for t in sources(experts[0])]
-        slots = [self.expert_slot(stream_unit, j, shapes) for j in range(n)]
+        shapes = tuple(tuple(t.shape) for t in sources(experts[0]))
+        slots = [self._expert_slot_views(stream_unit, j, shapes) for j in range(n)]
         events = [self._expert_events.setdefault((stream_unit.slot, j), (backend.event(), backend.event()))
                   for j in range(n)]
         begun = backend.event()

@@ -536,3 +536,27 @@ def test_cuda_transfer_many_copies_to_pinned_host_memory():
     out = backend.transfer_many(tensors, "cpu", ["h", "ei", "ew"])
     assert all(o.device.type == "cpu" and o.is_pinned() and torch.equal(o, t.cpu()) for o, t in zip(out, tensors))
     assert backend.transfers.totals()["d2h_bytes"] - before == sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_expert_slot_views_are_made_once(checkpoints, reference, monkeypatch):
+    """The staged views of the expert slots are made once per (buffer, slot, shapes), not at every experts op of
+    every step: a second generate makes none, and its tokens stay HF's."""
+    from liac.runtime.staging import Streamer
+
+    made = []
+    real = Streamer.expert_slot
+
+    def counting(self, stream_unit, index, shapes):
+        made.append((stream_unit.slot, index))
+        return real(self, stream_unit, index, shapes)
+
+    monkeypatch.setattr(Streamer, "expert_slot", counting)
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(_plan(cfg, "streamed"), directory, backend=make_test_backend("emulated"),
+                              dtype=torch.float32)
+    engine.generate(PROMPT, NEW_TOKENS)
+    first = len(made)
+    assert first > 0 and len(set(made)) == first  # each made once
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert len(made) == first
+    assert torch.equal(out.token_ids, reference("mixtral")[2])
