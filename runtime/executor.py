@@ -812,8 +812,8 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
         share = ex.expert_share if run.cpu and run.streamed else None
         on = dict(zip(("cpu", "gpu"), run.assign(counts, share.ratio() if share is not None else None)))
-        if share is not None and not on["cpu"] and run.assign(counts)[0]:
-            share.idle()  # the CPU got none of the routed host experts the plan gives it: nothing measures it
+        if share is not None and on["gpu"] and not on["cpu"]:
+            share.idle()  # every routed host expert went over PCIe: nothing measures the CPU
         partial = {}
         if timed is None:
             # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1

@@ -7,15 +7,18 @@ between runs seconds apart and by ~2x between machine starts (docs/benchmarks.md
 copy's rate held within a few per cent. So with `adapt`, `ExpertShare` follows the CPU: every CPU part of an experts
 op reports its host seconds (`observe`, timed on the host thread, which computes it: no synchronisation), and the
 ratio is the running mean (exponentially weighted) of those seconds per expert over the copy's seconds per expert,
-measured at load. A CPU that reads an expert in twice a copy's time then gets no routed expert at batch 1 (both go
-over PCIe); one that recovers gets them back. While the CPU gets none, nothing measures it: after `probe_every`
-experts ops in a row whose routed host experts all went to PCIe although the plan puts some on the CPU, one op runs
-the plan's own placement (`ratio` returns None), which measures the CPU again.
+measured at load. A CPU that reads an expert in more than twice a copy's time then gets no routed expert at batch 1
+(both go over PCIe); one that recovers gets them back. While the CPU gets none, nothing measures it: after
+`probe_every` experts ops in a row that sent every routed host expert over PCIe, one op shares them at a ratio of 1
+(`PROBE_RATIO`: about half of them on the CPU, one of two at batch 1, rather than the plan's placement, which may
+give a slow CPU both), which measures the CPU again.
 """
 
 from __future__ import annotations
 
-__all__ = ["ExpertShare"]
+__all__ = ["ExpertShare", "PROBE_RATIO"]
+
+PROBE_RATIO = 1.0  # the ratio of an op that measures a CPU the share has left idle: an even share
 
 
 class ExpertShare:
@@ -34,14 +37,14 @@ class ExpertShare:
         self.current = float(ratio)
         self.observed = 0  # CPU parts observed
         self.probes = 0  # experts ops run as planned to measure a CPU that the share had left idle
-        self._idle = 0  # experts ops in a row whose routed host experts all went to PCIe, some planned on the CPU
+        self._idle = 0  # experts ops in a row that sent every routed host expert over PCIe
 
-    def ratio(self) -> float | None:
-        """The ratio for this experts op; None (the plan's placement) when it is time to measure the CPU again."""
+    def ratio(self) -> float:
+        """The ratio for this experts op: `PROBE_RATIO` when it is time to measure an idle CPU again."""
         if self.adapt and self._idle >= self.probe_every:
             self._idle = 0
             self.probes += 1
-            return None
+            return PROBE_RATIO
         return self.current
 
     def observe(self, seconds: float, experts: int) -> None:
@@ -54,6 +57,6 @@ class ExpertShare:
         self.current += self.weight * (measured - self.current)
 
     def idle(self) -> None:
-        """An experts op gave PCIe every routed host expert although the plan puts some of them on the CPU."""
+        """An experts op sent every one of its routed host experts over PCIe (some were routed)."""
         if self.adapt:
             self._idle += 1

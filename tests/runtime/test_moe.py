@@ -460,29 +460,34 @@ def test_adaptive_share_follows_the_cpu_parts(checkpoints, reference, cpu_takes_
 
 
 def test_expert_share_moves_with_the_cpu_and_probes_an_idle_one():
-    from liac.runtime.moe import ExpertShare
+    from liac.runtime.moe import PROBE_RATIO, ExpertShare
 
     fixed = ExpertShare(0.9)
     fixed.observe(5.0, 1)
     fixed.idle()
     assert fixed.ratio() == 0.9 and fixed.current == 0.9 and fixed.observed == 0  # a given number stays
     share = ExpertShare(1.0, pcie_seconds=0.01, adapt=True, weight=0.5, probe_every=3)
-    share.observe(0.06, 2)  # 30 ms an expert: 3 copies' time
-    assert share.current == pytest.approx(2.0) and share.observed == 1
+    share.observe(0.1, 2)  # 50 ms an expert: 5 copies' time
+    assert share.current == pytest.approx(3.0) and share.observed == 1
     share.observe(0.0, 1)  # no time, no expert: nothing learnt
     share.observe(0.02, 0)
-    assert share.current == pytest.approx(2.0) and share.observed == 1
+    assert share.current == pytest.approx(3.0) and share.observed == 1
     share.idle()
     share.idle()
-    assert share.ratio() == pytest.approx(2.0)
+    assert share.ratio() == pytest.approx(3.0)
     share.idle()
-    assert share.ratio() is None and share.probes == 1  # idle 3 times in a row: the plan's placement, once
-    assert share.ratio() == pytest.approx(2.0)
+    assert share.ratio() == PROBE_RATIO == 1.0 and share.probes == 1  # idle 3 times in a row: an even share, once
+    assert share.ratio() == pytest.approx(3.0)
     share.idle()
     share.idle()
     share.observe(0.01, 1)  # the CPU measured again: the count starts over
     share.idle()
-    assert share.ratio() == pytest.approx(1.5)
+    assert share.ratio() == pytest.approx(2.0)
+    from liac.runtime.schedule import ExpertRun
+
+    run = ExpertRun(8, 0, 4, ("gpu",))  # batch 1, both routed experts planned on the CPU
+    assert run.assign([0, 1, 1, 0, 0, 0, 0, 0], 3.0) == ([], [1, 2])  # the slow CPU's share: both over PCIe
+    assert run.assign([0, 1, 1, 0, 0, 0, 0, 0], PROBE_RATIO) == ([1], [2])  # the probe: one on the CPU, not both
     with pytest.raises(ValueError, match="positive pcie_seconds"):
         ExpertShare(1.0, adapt=True)
     with pytest.raises(ValueError, match="positive ratio"):
