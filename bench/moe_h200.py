@@ -351,11 +351,11 @@ class MoeBench:
                 specs.insert(at, dataclasses.replace(specs[at - 1], threads=threads))
                 names.insert(at, f"optimal@{threads}t:b1")
         for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if self.args.share_ab else ():
-            # the optimum again with the expert share measured at load and kept (runtime/moe.py; before the share
-            # followed the CPU parts), right after its 'auto' run
+            # the optimum again with the expert share following the CPU parts (runtime/moe.py 'auto'), right after
+            # its run with the engine's default (the share measured at load and kept)
             at = names.index(f"optimal:b{batch}") + 1
-            specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="load"))
-            names.insert(at, f"optimal@load:b{batch}")
+            specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="auto"))
+            names.insert(at, f"optimal@auto:b{batch}")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -571,8 +571,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
                              "per core); the peers' processes keep their default")
     parser.add_argument("--share-ab", action="store_true",
-                        help="run each optimum again right after it with the expert share measured at load and kept "
-                             "(Engine expert_share='load'), beside its default that follows the CPU ('auto')")
+                        help="run each optimum again right after it with the expert share following the CPU parts "
+                             "(Engine expert_share='auto'), beside the default measured at load and kept ('load')")
     parser.add_argument("--threads-ab", type=lambda s: [int(t) for t in s.split(",") if t], default=[],
                         help="also run the batch-1 optimum at these CPU thread counts, right after it (e.g. 15)")
     parser.add_argument("--emulate", action="store_true", help="smoke test here: a tiny Mixtral, GPU emulated")

@@ -125,7 +125,7 @@ class _Options:
     cpu_kernel: str
     enforce_budget: bool
     warm_up: bool | tuple[int, int]
-    expert_share: str | float = "auto"
+    expert_share: str | float = "load"
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ class Engine:
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
-                  expert_share: str | float = "auto") -> "Engine":
+                  expert_share: str | float = "load") -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -251,13 +251,13 @@ class Engine:
             enforce_budget: on a GPU, check the plan's workspace can be had and cap torch's allocator at the budget less the
                 CUDA context (`GpuBudget`); False only to measure the footprint (runtime/footprint.py).
             warm_up: after loading, run the first layer of every group once at the request's shapes (prefill and
-                one decode step, `Engine.warm_up`): True at the plan's workload, (batch, prompt_len) at those, or
-                False. Timed apart from loading (`load_seconds`, `warmup_seconds`).
+                one decode step), then a whole two-token request (`Engine.warm_up`): True at the plan's workload,
+                (batch, prompt_len) at those, or False. Timed apart from loading (`load_seconds`, `warmup_seconds`).
             expert_share: MoE layers with both CPU and streamed experts share a step's routed host experts between
-                the two by the ratio of their times per expert (`ExpertRun.assign`): 'auto' measures it at load (the
-                CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured) and then
-                follows the CPU parts' own host times (runtime/moe.py `ExpertShare`), 'load' measures it at load
-                and keeps it, a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each
+                the two by the ratio of their times per expert (`ExpertRun.assign`): 'load' (default) measures it at
+                load (the CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured)
+                and keeps it, 'auto' measures it at load and then follows the CPU parts' own host times
+                (runtime/moe.py `ExpertShare`; measured on the H200: not better than 'load', docs/benchmarks.md), a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each
                 expert where the plan puts it.
 
         Raises:

@@ -145,9 +145,9 @@ def test_table_reads_thread_variants_and_compares_every_run_with_accelerate(tmp_
     assert "optimal@15t 8.0x" in capsys.readouterr().out
 
 
-def test_share_ab_runs_each_optimum_again_with_the_share_kept(tmp_path, monkeypatch):
+def test_share_ab_runs_each_optimum_again_with_the_share_following_the_cpu(tmp_path, monkeypatch):
     """`--share-ab`: right after each optimum (before its `--threads-ab` variants) the same plan runs with
-    Engine expert_share='load' (the ratio measured at load, kept), named 'optimal@load:bN'; the others as before."""
+    Engine expert_share='auto' (the ratio following the CPU parts), named 'optimal@auto:bN'; the others as before."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
     bench = _bench(tmp_path, share_ab=True, threads_ab=[15], measure_gen_len=4, profile_steps=0,
@@ -156,9 +156,9 @@ def test_share_ab_runs_each_optimum_again_with_the_share_kept(tmp_path, monkeypa
                               for b in (1, 8) for c in ("optimal", "experts-cpu")]
     bench.runs()
     (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@load:b1", "optimal@15t:b1", "experts-cpu:b1",
-                                           "optimal:b8", "optimal@load:b8", "experts-cpu:b8"]
+    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@auto:b1", "optimal@15t:b1", "experts-cpu:b1",
+                                           "optimal:b8", "optimal@auto:b8", "experts-cpu:b8"]
     assert [(s.plan, s.expert_share, s.threads) for s in specs] == [
-        ("optimal-1.yaml", None, None), ("optimal-1.yaml", "load", None), ("optimal-1.yaml", None, 15),
-        ("experts-cpu-1.yaml", None, None), ("optimal-8.yaml", None, None), ("optimal-8.yaml", "load", None),
+        ("optimal-1.yaml", None, None), ("optimal-1.yaml", "auto", None), ("optimal-1.yaml", None, 15),
+        ("experts-cpu-1.yaml", None, None), ("optimal-8.yaml", None, None), ("optimal-8.yaml", "auto", None),
         ("experts-cpu-8.yaml", None, None)]
