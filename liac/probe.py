@@ -156,16 +156,16 @@ def _kv_read_rate(total_bytes: int, repeats: int) -> float:
 
 
 def attention_curve(queries: tuple[int, ...], repeats: int) -> list[tuple[int, float]]:
-    """CPU prefill attention as the runtime runs it (liac.models' Attention: scaled_dot_product_attention over bf16
-    q, k, v [B·H, Q, E] with the boolean causal mask), at each query length Q = context C: TFLOP/s counted as the
-    cost model counts attention FLOPs (4·Q·C·E per head, the masked half included). Heads are chosen so each point
-    does at least ~4 GFLOP."""
+    """CPU prefill attention as the runtime runs it (liac.models' Attention over a whole prompt:
+    scaled_dot_product_attention over bf16 q, k, v [B·H, Q, E], causal by the kernel's own masking), at each query
+    length Q = context C: TFLOP/s counted as the cost model counts attention FLOPs (4·Q·C·E per head, the masked
+    half included). Heads are chosen so each point does at least ~4 GFLOP. (Profiles measured before 2026-12-02 d
+    timed the kernel over a boolean [Q, C] mask, as the runtime then ran it: 1.4-1.8x slower on the CPU.)"""
     head_dim, curve = 128, []
     for query in queries:
         heads = max(4, -(-(2**30) // (query * query * head_dim)))
         q, k, v = (_random(1, heads, query, head_dim) for _ in range(3))
-        mask = torch.ones(query, query, dtype=torch.bool).tril()
-        seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), repeats)
+        seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats)
         curve.append((query, 4.0 * heads * query * query * head_dim / seconds / 1e12))
     return curve
 

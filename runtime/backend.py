@@ -124,6 +124,14 @@ class Backend:
     def join_stores(self) -> None:
         """Order the compute stream after every copy issued `beside` so far (no-op without streams)."""
 
+    def wait_stores(self) -> None:
+        """Return once every copy issued `beside` so far has landed (the host reads their destinations next)."""
+
+    def host_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised host tensor that a CPU op writes and a crossing to the GPU reads: page-locked where
+        the backend pins host memory (`transfer` then sends it as it is), from torch's caching host allocator."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Host → GPU `dst.copy_(src)` for [R, L, E] views whose rows are each contiguous but strided apart (the
         past tokens of a KV cache, one row per sequence and head): ONE copy on the current stream, not R."""
@@ -269,6 +277,10 @@ class CudaBackend(Backend):
         if self._stores_pending:
             torch.cuda.current_stream(self.devices["gpu"]).wait_stream(self._store_stream)
             self._stores_pending = False
+
+    def wait_stores(self):
+        if self._stores_pending:
+            self._store_stream.synchronize()
 
     def _copy_into(self, dst, src, to_gpu, value, stream):
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)

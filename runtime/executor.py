@@ -164,6 +164,7 @@ class Executor:
         self._part_seconds: list[_PartTiming] | None = None  # profiling: one record per split op
         self.prompt_kv = PromptKV()
         self.programs, self.segments = {}, {}
+        self.crossing_outputs = {id(op) for sched in schedule.phases.values() for op in _crossing_outputs(sched.ops)}
         for phase, sched in schedule.phases.items():
             streams = {s.index: s for s in sched.stream_units}
             self.programs[phase] = [(op, self._compile(op, streams.get(op.stream_unit))) for op in sched.ops]
@@ -589,13 +590,17 @@ def _bring(transfer, vals: dict, inputs_at: tuple[tuple[str, tuple[str, ...]], .
 
 
 def _kv_reader(ex: Executor, op: Op, stream_unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:
-    """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the cache in
-    place, or the cache's window in the staging buffer with this step's K or V written into it."""
+    """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the host cache
+    the GPU's qkv just wrote them to (prefill: once those writes have landed), the cache in place, or the cache's window in the staging buffer
+    with this step's K or V written into it."""
     dev, layer, kv = op.device, op.layer, ex.kv
     if op.kv_read == "fresh":  # a prefill: this step's K, V; a chunk of the prompt, with those of the chunks before
         prompt_kv = ex.prompt_kv
         return lambda frame: (prompt_kv.extend(dev, which, frame, frame.vals[which][dev]) if frame.chunked
                               else frame.vals[which][dev])
+    if op.kv_read == "stored":  # a prefill: this step's K, V (and earlier chunks') where the GPU wrote them
+        landed = ex.backend.wait_stores
+        return lambda frame: (landed(), kv.written(layer, which, frame.row, frame.batch, frame.start + frame.length))[1]
     if op.kv_read == "cache":
         return lambda frame: kv.view(layer, which, frame.batch, frame.start + frame.length)
     window = ex.streamer.window(stream_unit, which)
@@ -643,15 +648,39 @@ def _qkv_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     return step
 
 
+def _crossing_outputs(ops: list[Op]) -> list[Op]:
+    """The CPU attention ops ('attn', 'context') of a phase whose output 'o' crosses to the GPU next."""
+    out, producer = [], None
+    for op in ops:
+        if producer is not None and any(m.value == "o" and m.src == "cpu" and m.dst == "gpu" for m in op.moves):
+            out.append(producer)
+        if op.kind in ("attn", "context"):
+            producer = op if op.device == "cpu" else None
+    return out
+
+
+def _output_buffer(ex: Executor, op: Op) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    """For a CPU attention op whose output crosses to the GPU: its input q or p [B, H, Q, ·] → a [B, Q, H·E] host
+    buffer, page-locked where the backend pins, that the op writes its output into, so the crossing copies it as it
+    is (not a pageable copy first staged into page-locked memory by one more host copy). Else None (the module
+    allocates its output)."""
+    if id(op) not in ex.crossing_outputs:
+        return lambda x: None
+    host_empty, width = ex.backend.host_empty, ex.cfg.num_heads * ex.cfg.head_dim
+    return lambda x: host_empty((x.shape[0], x.shape[2], width), x.dtype)
+
+
 def _attention_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     """Score and context fused (SDPA) on one device."""
     module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
     keys, values = _kv_reader(ex, op, stream_unit, "k"), _kv_reader(ex, op, stream_unit, "v")
+    buffer = _output_buffer(ex, op)
 
     def step(frame: Frame) -> None:
         vals = frame.vals
         _run_moves(transfer, vals, pre)
-        vals["o"] = {dev: module(vals["q"][dev], keys(frame), values(frame), frame.mask[dev])}
+        q = vals["q"][dev]
+        vals["o"] = {dev: module(q, keys(frame), values(frame), frame.mask[dev], out=buffer(q))}
     return step
 
 
@@ -707,18 +736,21 @@ def _score_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
 
 def _context_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     module, pre, transfer, dev = ex._module(op, stream_unit), _moves_before(op), ex.backend.transfer, op.device
+    buffer = _output_buffer(ex, op)
     if _over_cpu_cache(op):
         kv, layer = ex.kv, op.layer
 
         def over_capacity(frame: Frame) -> None:
             _run_moves(transfer, frame.vals, pre)
-            frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], kv.capacity(layer, "v", frame.batch))}
+            p = frame.vals["p"][dev]
+            frame.vals["o"] = {dev: module.context(p, kv.capacity(layer, "v", frame.batch), out=buffer(p))}
         return over_capacity
     values = _kv_reader(ex, op, stream_unit, "v")
 
     def step(frame: Frame) -> None:
         _run_moves(transfer, frame.vals, pre)
-        frame.vals["o"] = {dev: module.context(frame.vals["p"][dev], values(frame))}
+        p = frame.vals["p"][dev]
+        frame.vals["o"] = {dev: module.context(p, values(frame), out=buffer(p))}
     return step
 
 

@@ -69,6 +69,13 @@ class KVCache:
         cache = self.k[layer] if which == "k" else self.v[layer]
         return cache[:batch, :, :context]
 
+    def written(self, layer: int, which: str, row: int, batch: int, context: int) -> torch.Tensor:
+        """K or V of the first `context` tokens of the `batch` sequences a pass wrote from `row` on (counted from
+        the cursor's first row, as `write` counts), [B, G, C, E]: a strided view, no copy."""
+        cache = self.k[layer] if which == "k" else self.v[layer]
+        first = self.first_row + row
+        return cache[first:first + batch, :, :context]
+
     def capacity(self, layer: int, which: str, batch: int) -> torch.Tensor:
         """K or V of every position the cache holds, [B, G, C_max, E]: contiguous per sequence and head, which the
         CPU's batched matmuls need to run at memory speed (positions past the context are zeros or stale tokens;

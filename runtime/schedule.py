@@ -88,7 +88,8 @@ class Op:
     device: 'cpu', 'gpu', or 'split' (then `split` says how; its GPU part streams its rows when `streamed`).
     sublayers: plan sublayer names it covers (for metrics).
     weights: the tier of its weights ('none' for attention), `streamed` when it reads them from staging.
-    kv_read: attention ops: 'fresh' (this step's K/V), 'cache' (in place) or 'window' (streamed to the GPU).
+    kv_read: attention ops: 'fresh' (this step's K/V), 'stored' (a prefill's: this step's K/V read in the host
+        cache the GPU's qkv just wrote them to), 'cache' (in place) or 'window' (streamed to the GPU).
     kv_write_crosses: qkv ops: the cache lives on the other device than `kv_writer`, the device whose K/V are
         written (the op's device; for a split qkv, the cache's side if the parts join there).
     gather: an embedding on the GPU whose table is in a host tier: the B×Q looked-up rows are gathered on the host
@@ -362,7 +363,11 @@ def _layer_specs(cfg, phase, params, group, layer, decode_embed_device) -> list[
     dev = {kind: placement[n][0] for kind, n in zip(_KINDS, names)}
     read = {}
     for kind in ("score", "context"):
-        if phase == "prefill":
+        if phase == "prefill" and dev[kind] == home == "cpu" and dev["qkv"] == "gpu":
+            # the GPU's qkv writes this step's K, V into the host cache (one crossing, priced as the KV write):
+            # the CPU's attention reads them there, after those writes, not from a second copy of K and V
+            read[kind] = "stored"
+        elif phase == "prefill":
             read[kind] = "fresh"
         elif dev[kind] == home:
             read[kind] = "cache"

@@ -130,13 +130,20 @@ class Attention(nn.Module):
         return torch.ones(Q, C, dtype=torch.bool, device=device).tril(C - Q)  # [Q, C]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        # q: [B, H, Q, E]; k, v: [B, G, C, E]; mask: [B, 1, Q, C] or None → [B, Q, H * E]
+                mask: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        # q: [B, H, Q, E]; k, v: [B, G, C, E]; mask: [B, 1, Q, C] or None → [B, Q, H * E] (into `out` when given:
+        # the heads are interleaved by one copy, straight into the caller's buffer)
         B, H, Q, E = q.shape
+        if mask is None and Q == k.shape[2] > 1:
+            # a whole prompt: the kernel's own causal masking, which skips the blocks above the diagonal and reads
+            # no mask (CPU: 1.4-1.8x faster than the same kernel over a boolean [Q, C] mask at Q = 128-2048, the
+            # same values); a chunk after the first (C > Q) needs the mask's offset diagonal
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.groups > 1)
+            return _heads_out(o, out)
         if mask is None:
             mask = self._mask(Q, k.shape[2], q.device)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.groups > 1)
-        return o.transpose(1, 2).reshape(B, Q, H * E)
+        return _heads_out(o, out)
 
     def score(self, q: torch.Tensor, k: torch.Tensor, context: int | None = None,
               mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,15 +161,25 @@ class Attention(nn.Module):
             s = s.masked_fill(~mask, float("-inf"))
         return torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
 
-    def context(self, p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # p: [B, H, Q, C], v: [B, G, C', E] → [B, Q, H * E]. C' > C: v is a cache's whole capacity (see `score`);
-        # p is padded with zeros, so positions past C must hold finite values (the runtime zeroes its caches).
+    def context(self, p: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        # p: [B, H, Q, C], v: [B, G, C', E] → [B, Q, H * E] (into `out` when given). C' > C: v is a cache's whole
+        # capacity (see `score`); p is padded with zeros, so positions past C must hold finite values (the runtime
+        # zeroes its caches).
         B, H, Q, C = p.shape
         if v.shape[2] > C:
             p = F.pad(p, (0, v.shape[2] - C))
             C = v.shape[2]
         o = (p.reshape(B, v.shape[1], self.groups * Q, C) @ v).view(B, H, Q, -1)
-        return o.transpose(1, 2).reshape(B, Q, -1)
+        return _heads_out(o, out)
+
+
+def _heads_out(o: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Attention's output o [B, H, Q, E] as [B, Q, H * E]: a new tensor, or written into `out` [B, Q, H * E]."""
+    B, H, Q, E = o.shape
+    if out is None:
+        return o.transpose(1, 2).reshape(B, Q, H * E)
+    out.view(B, Q, H, E).copy_(o.transpose(1, 2))
+    return out
 
 
 def padded_positions(pad: torch.Tensor, start: int, length: int, arange: torch.Tensor) -> torch.Tensor:

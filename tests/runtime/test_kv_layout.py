@@ -42,3 +42,31 @@ def test_attention_over_cache_capacity_matches_exact_context(heads, kv_heads, q_
     torch.testing.assert_close(attention.context(p, v), attention.context(exact_p, v[:, :, :context]))
     torch.testing.assert_close(attention.context(p, v), attention(q, k[:, :, :context], v[:, :, :context]),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+def test_prompt_attention_masks_by_the_kernel_and_writes_into_a_given_buffer(heads, kv_heads, monkeypatch):
+    # A whole prompt (Q = C) is causal by the kernel's own masking (no [Q, C] mask: the CPU kernel then skips the
+    # blocks above the diagonal, 1.4-1.8x faster); a chunk after the first (C > Q) keeps the mask's offset
+    # diagonal. Both equal the explicit masked computation; `out` receives the output as returned.
+    import liac.models.layers as layers
+
+    attention = Attention(SimpleNamespace(uses_rope=True, head_dim=8, num_heads=heads, num_kv_heads=kv_heads))
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(2, heads, 6, 8, generator=generator)
+    k, v = (torch.randn(2, kv_heads, 6, 8, generator=generator) for _ in range(2))
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("is_causal", False), kwargs.get("attn_mask")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", recording)
+    explicit = attention.context(attention.score(q, k), v)  # q·Kᵀ, the boolean causal mask, softmax, p·V
+    out = torch.empty(2, 6, heads * 8)
+    whole = attention(q, k, v, out=out)
+    assert whole is out and calls[-1] == (True, None)
+    torch.testing.assert_close(whole, explicit, atol=1e-5, rtol=1e-5)
+    chunk = attention(q[:, :, 4:], k, v)  # the last 2 queries of the prompt against all 6 keys
+    assert calls[-1][0] is False and calls[-1][1].shape == (2, 6)
+    torch.testing.assert_close(chunk, explicit[:, 4:], atol=1e-5, rtol=1e-5)

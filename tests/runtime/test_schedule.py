@@ -89,11 +89,15 @@ def test_mixed_decode_moves_follow_device_changes():
     assert [which for which, _ in unit.kv] == ["k"]  # only the GPU score needs a window
 
 
-def test_prefill_attention_reads_fresh_kv_and_moves_it_once():
+def test_prefill_attention_reads_the_kv_the_gpu_wrote_to_the_host_cache():
+    # 'partial': qkv on the GPU, attention on the CPU over a DDR cache. K and V cross PCIe once, as the KV write the
+    # cost model prices (Eq. 3); the CPU's attention reads them in the cache, never from a second copy of K and V.
     schedule = build_schedule(make_plan(TINY, "partial"))
     qkv, attn = _ops(schedule, "prefill", 0)[:2]
-    assert attn.kind == "attn" and attn.device == "cpu" and attn.kv_read == "fresh"
-    assert attn.moves == (Move("q", "gpu", "cpu"), Move("k", "gpu", "cpu"), Move("v", "gpu", "cpu"))
+    assert qkv.device == "gpu" and qkv.kv_write_crosses
+    assert attn.kind == "attn" and attn.device == "cpu" and attn.kv_read == "stored"
+    assert attn.moves == (Move("q", "gpu", "cpu"),)
+    assert "k" in qkv.drops and "v" in qkv.drops  # nothing else reads this step's K, V: freed after the write
     decode_attn = _ops(schedule, "decode", 0)[1]
     assert decode_attn.kv_read == "cache" and decode_attn.moves == (Move("q", "gpu", "cpu"),)
 
@@ -129,15 +133,90 @@ def test_all_gpu_and_all_cpu_plans_move_nothing_but_the_prompt():
 
 
 def test_partial_plan_transfers_counted_at_run_time():
-    # LIA partial: qkv, out_proj, FFN on the GPU; attention on the CPU over a DDR cache. Per layer and pass:
-    # prefill moves q, k, v to the CPU and o back; decode moves q and o; every pass writes K and V to DDR.
+    # LIA partial: qkv, out_proj, FFN on the GPU; attention on the CPU over a DDR cache. Per layer and pass: q to
+    # the CPU and o back; every pass writes K and V to DDR, where the CPU's attention reads them (prefill too: K and
+    # V cross once, not a second time as activations).
     layers, new_tokens = TINY.num_layers, 5
     engine = Engine.from_plan(make_plan(TINY, "partial", batch=1, prompt_len=4, gen_len=new_tokens),
                               RandomWeights(0), backend=EmulatedBackend())
     engine.generate(torch.arange(4)[None], new_tokens)
     counts = engine.backend.transfers.by_value
-    assert counts == {"ids": 1, "q": layers * new_tokens, "k": layers, "v": layers, "o": layers * new_tokens,
-                      "kv": 2 * layers * new_tokens}
+    assert counts == {"ids": 1, "q": layers * new_tokens, "o": layers * new_tokens, "kv": 2 * layers * new_tokens}
+
+
+class _LateStores(EmulatedBackend):
+    """K, V writes issued `beside` (a prefill's, on the GPU's store stream) land only when the host or the compute
+    stream waits for them, as on a GPU whose store stream lags: a reader that did not wait reads an empty cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending, self.waits = [], 0
+
+    def copy_into(self, dst, src, to_gpu, value="", beside=False):
+        if beside and not to_gpu:
+            self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
+            self.pending.append((dst, src.clone()))
+            return
+        super().copy_into(dst, src, to_gpu, value, beside)
+
+    def _land(self):
+        for dst, src in self.pending:
+            dst.copy_(src)
+        self.pending.clear()
+
+    def join_stores(self):
+        self._land()
+
+    def wait_stores(self):
+        self.waits += 1
+        self._land()
+
+
+@pytest.mark.parametrize("microbatch", [None, (1, 3)])
+def test_cpu_prefill_attention_reads_the_cache_once_the_kv_writes_have_landed(microbatch):
+    # 'partial' (qkv on the GPU, attention on the CPU over a DDR cache): the prefill's attention reads this step's
+    # K, V in the host cache (no second crossing), so it must wait for their writes; in micro-batches of one
+    # sequence and 3 prompt tokens the chunks after the first also read the earlier chunks' K, V there.
+    prompt, new_tokens = torch.arange(12).reshape(2, 6) % 7, 4
+    plan = make_plan(TINY, "partial", batch=2, prompt_len=6, gen_len=new_tokens, microbatch=microbatch)
+    late = _LateStores()
+    out = Engine.from_plan(plan, RandomWeights(0), backend=late, dtype=torch.float32).generate(
+        prompt, new_tokens, return_logits=True)
+    assert late.waits and not late.pending  # it waited (else it would have read zeros: the logits below)
+    reference = Engine.from_plan(make_plan(TINY, "gpu", batch=2, prompt_len=6, gen_len=new_tokens),
+                                 RandomWeights(0), backend=EmulatedBackend(), dtype=torch.float32).generate(
+        prompt, new_tokens, return_logits=True)
+    assert torch.equal(out.token_ids, reference.token_ids)
+    torch.testing.assert_close(out.logits, reference.logits, rtol=1e-4, atol=1e-4)
+
+
+class _Recording(EmulatedBackend):
+    """Records the host buffers `host_empty` hands out and the tensors sent to the 'gpu' as the value 'o'."""
+
+    def __init__(self):
+        super().__init__()
+        self.buffers, self.sent = [], []
+
+    def host_empty(self, shape, dtype):
+        buffer = super().host_empty(shape, dtype)
+        self.buffers.append(buffer)
+        return buffer
+
+    def transfer(self, tensor, dst, value=""):
+        if value == "o" and dst == "gpu":
+            self.sent.append(tensor)
+        return super().transfer(tensor, dst, value)
+
+
+def test_cpu_attention_writes_its_crossing_output_into_the_backends_host_buffer():
+    # The CPU's attention output crosses to the GPU's out_proj in every pass: it is written, heads interleaved,
+    # straight into a buffer from `Backend.host_empty` (page-locked on CUDA), which the crossing sends as it is,
+    # not into a pageable tensor that the crossing would first copy into page-locked memory.
+    backend, new_tokens = _Recording(), 3
+    Engine.from_plan(make_plan(TINY, "partial", batch=2, prompt_len=5, gen_len=new_tokens), RandomWeights(0),
+                     backend=backend, dtype=torch.float32).generate(torch.arange(10).reshape(2, 5) % 7, new_tokens)
+    assert len(backend.sent) >= TINY.num_layers * new_tokens  # every layer and pass (and the warm-up's)
+    assert all(any(sent is buffer for buffer in backend.buffers) for sent in backend.sent)
 
 
 def test_staging_layout_and_bytes_match_closed_form():
