@@ -411,8 +411,19 @@ def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_b
 
 def _overlapped_kv_write(phase: str, kv_tier: str | None) -> bool:
     """Eq. 20: a prefill writes its K, V into a host cache on a stream of its own, beside the compute of the
-    micro-batches and layers that follow; a decode step's small write stays on the chain (Eq. 3)."""
+    micro-batches and layers that follow; a decode step's small write stays on the chain (Eq. 3). (Unless the
+    layer's attention reads them there on the CPU: `_attention_waits_for_kv`.)"""
     return phase == "prefill" and kv_tier in HOST_TIERS
+
+
+def _attention_waits_for_kv(cls: ClassCosts, phase: str, kv_tier: str | None, permille: np.ndarray) -> np.ndarray:
+    """Eq. 20a: [P] whether a prefill's K, V write to a host cache is on the chain after all: an attention unit of
+    the layer computes on the CPU (permille [P, U]) and reads this step's K, V in that cache, so it starts once the
+    GPU's write of them has landed (runtime/executor.py, kv_read 'stored'); nothing of the layer runs beside it."""
+    attention = [u for u, operand in enumerate(cls.operands) if operand == "kv"]
+    if not _overlapped_kv_write(phase, kv_tier) or not attention:
+        return np.zeros(permille.shape[0], dtype=bool)
+    return (permille[:, attention] == 1000).any(axis=1)
 
 
 def _per_pass(values: np.ndarray, pc: PhaseCosts, phase: str) -> np.ndarray:
@@ -568,7 +579,7 @@ class LayerPricer:
                 state = self._add_unit(state, u, tiers[u], hbm_experts, kv_tier, index[:, u], own if u >= shared else None)
                 stack.append(state)
             previous = tiers
-            out[i] = self._finish(state, index, own)
+            out[i] = self._finish(state, index, own, kv_tier)
         return out
 
     def _index(self, cpu_permille) -> np.ndarray:
@@ -629,13 +640,22 @@ class LayerPricer:
                     chain = _plus(chain, gathered[key], own)
         return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
 
-    def _finish(self, state: tuple, index: np.ndarray, own: dict) -> LayerTime:
-        """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20.
-        Only the arrays in `own` (this item's own partial sums) are written to."""
+    def _finish(self, state: tuple, index: np.ndarray, own: dict, kv_tier: str | None = None) -> LayerTime:
+        """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20,
+        20a. Only the arrays in `own` (this item's own partial sums) are written to."""
         costs, pc, phase = self.costs, self.pc, self.phase
         valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
         num = index.shape[0]
         gathered = self._gathered
+        waits = None
+        if _overlapped_kv_write(phase, kv_tier):  # (a prefill over a host cache only)
+            permille = np.stack([self.values[u][index[:, u]] for u in range(len(pc.units))], axis=1)
+            waits = _attention_waits_for_kv(self.cls, phase, kv_tier, permille)
+        if waits is not None and waits.any():  # Eq. 20a: the K, V write the CPU's attention reads is on the chain
+            for u in range(len(pc.units)):
+                written = self._kv_write(u, kv_tier)
+                if written is not None:
+                    chain = _plus(chain, np.where(waits[:, None], written[index[:, u]], 0.0), own)
         for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):  # Eqs. 2, 17
             pair = None
             for k, table in enumerate(copies):
@@ -696,7 +716,8 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
     priced = _with_apart(pc, permille[None, :])[0]  # Eq. 25
     shares = gpu_shares(permille)[None, :]
     kv_tier = _kv_tier(cls, tiers)
-    kv_beside = _overlapped_kv_write(phase, kv_tier)
+    kv_beside = _overlapped_kv_write(phase, kv_tier) and not _attention_waits_for_kv(cls, phase, kv_tier,
+                                                                                     priced[None, :])[0]
     out = []
     for index, unit in enumerate(pc.units):
         value = int(permille[index])

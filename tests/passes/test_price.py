@@ -133,6 +133,34 @@ def test_attention_apart_on_the_cpu_by_hand():
                                                                 rel=1e-12)
 
 
+def test_prefill_kv_write_is_on_the_chain_when_the_cpu_attention_reads_it():
+    """Eq. 20a: a prefill's K, V write into a host cache runs beside the compute (Eq. 20) unless an attention unit of
+    the layer computes on the CPU: it reads this step's K, V in that cache, once the GPU's write has landed
+    (runtime kv_read 'stored'), so the write is on the chain, charged to qkv's transfers, not its stream."""
+    costs = costs_for(batch=4, prompt=16)
+    dec = costs.layer_class("decoder")
+    pc, tiers = dec.prefill, ("ddr",) * 6
+    written = sum(r * s for r, s in zip(pc.step_repeats, pc.units[0].kv_to_host_seconds))
+    assert written > 0
+    cpu_attention, gpu_attention = (0, 1000, 1000, 0, 0, 0), (0,) * 6
+    rows = {u.name: u for u in unit_times(costs, dec, "prefill", tiers, cpu_attention)}
+    assert rows["qkv"].transfer_seconds == pytest.approx(written, rel=1e-12)
+    priced = layer_time(costs, dec, "prefill", tiers, np.array([cpu_attention]))
+    assert priced.chain_seconds[0] == pytest.approx(sum(u.compute_seconds + u.transfer_seconds
+                                                         for u in rows.values()), rel=1e-12)
+    # attention on the GPU: nothing on the host reads the write, which stays beside (qkv's stream, not its chain)
+    rows = {u.name: u for u in unit_times(costs, dec, "prefill", tiers, gpu_attention)}
+    assert rows["qkv"].transfer_seconds == 0 and rows["qkv"].stream_seconds >= written
+    priced = layer_time(costs, dec, "prefill", tiers, np.array([gpu_attention]))
+    assert priced.chain_seconds[0] == pytest.approx(sum(u.compute_seconds + u.transfer_seconds
+                                                         for u in rows.values()), rel=1e-12)
+    # priced together with other placements, each as alone (the pricer's shared sums)
+    both = layer_time(costs, dec, "prefill", tiers, np.array([cpu_attention, gpu_attention, (0, 1000, 0, 0, 0, 0)]))
+    alone = [layer_time(costs, dec, "prefill", tiers, np.array([p])).seconds[0]
+             for p in (cpu_attention, gpu_attention, (0, 1000, 0, 0, 0, 0))]
+    assert list(both.seconds) == alone
+
+
 def test_split_layer_time_by_hand():
     """Eqs. 15-18 on CCCC[S]G (fc1 split, 600 permille on the CPU), KV and weights in DDR: the split unit takes
     the slower of its parts plus the sync; an activation crossing to a split unit's GPU part moves whole, one
