@@ -1,4 +1,5 @@
-"""A per-step timeline of one decode step (issue 12): torch.profiler over a short generate, summarised.
+"""A per-step timeline of one decode step and of the prefill (issue 12): torch.profiler over a short generate,
+summarised.
 
     from timeline import record
     summary = record(engine, ids)          # → {"step_ms": .., "main_idle_ms": .., "copy_busy_ms": .., ...}
@@ -80,8 +81,9 @@ def _clip(events: list[dict], t0: float, t1: float) -> list[tuple[float, float]]
     return out
 
 
-def summarize(trace: dict) -> dict:
-    """The last decode step of a chrome trace (torch.profiler's export) as the module docstring describes."""
+def summarize(trace: dict, window: str = "decode") -> dict:
+    """The last decode step of a chrome trace (torch.profiler's export) as the module docstring describes; with
+    `window` 'prefill', the prefill instead: from the main thread's first op to its first token choice."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     cpu = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
@@ -92,9 +94,13 @@ def summarize(trace: dict) -> dict:
         by_thread[(e.get("pid"), e.get("tid"))] = by_thread.get((e.get("pid"), e.get("tid")), 0.0) + e["dur"]
     main = max(by_thread, key=by_thread.get)
     picks = sorted(e["ts"] for e in ops if e["name"] == "aten::argmax" and (e.get("pid"), e.get("tid")) == main)
-    if len(picks) < 2:
-        raise ValueError(f"the trace holds {len(picks)} token choices (aten::argmax) on the main thread: need 2")
-    t0, t1 = picks[-2], picks[-1]
+    need = 1 if window == "prefill" else 2
+    if len(picks) < need:
+        raise ValueError(f"the trace holds {len(picks)} token choices (aten::argmax) on the main thread: need {need}")
+    if window == "prefill":
+        t0, t1 = min(e["ts"] for e in ops if (e.get("pid"), e.get("tid")) == main), picks[0]
+    else:
+        t0, t1 = picks[-2], picks[-1]
     main_events = [e for e in cpu if (e.get("pid"), e.get("tid")) == main]
     step_ms = (t1 - t0) / 1e3
     main_busy = union_ms(_clip(main_events, t0, t1))
@@ -176,8 +182,9 @@ def summarize(trace: dict) -> dict:
 
 
 def record(engine, ids, new_tokens: int = 3, keep: str | os.PathLike | None = None) -> dict:
-    """Profile `engine.generate(ids, new_tokens)` and summarise its last decode step; `keep`: also write the
-    trace there (gzipped chrome trace)."""
+    """Profile `engine.generate(ids, new_tokens)` and summarise its last decode step, and under 'prefill' its
+    prefill (the same fields: step_ms is the prefill's wall time, copy_* the weight stream beside the micro-batches'
+    chain); `keep`: also write the trace there (gzipped chrome trace)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -193,4 +200,9 @@ def record(engine, ids, new_tokens: int = 3, keep: str | os.PathLike | None = No
         if keep is not None:
             with open(path, "rb") as src, gzip.open(keep, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    return summarize(trace)
+    summary = summarize(trace)
+    try:
+        summary["prefill"] = summarize(trace, "prefill")
+    except ValueError as e:
+        summary["prefill"] = {"error": str(e)}
+    return summary

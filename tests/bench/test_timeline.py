@@ -53,6 +53,17 @@ def test_the_last_decode_step_is_summarised():
     assert s["main_waits"] == {"cudaLaunchKernel": [1, 0.5]}
 
 
+def test_the_prefill_is_summarised_up_to_the_first_token_choice():
+    trace = _trace()
+    trace["traceEvents"].append(_op("aten::embedding", -4000, 1000))  # the prefill begins at -4000
+    trace["traceEvents"].append(_gpu("gpu_memcpy", -3500, 3000, COPY))  # a copy beside it, to -500
+    trace["traceEvents"].append(_gpu("kernel", -3000, 1000, COMPUTE))
+    s = summarize(trace, "prefill")
+    assert s["step_ms"] == 4.0 and s["main_busy_ms"] == 1.0  # -4000 .. 0 (the first argmax)
+    assert s["copy_busy_ms"] == 3.0 and s["compute_busy_ms"] == 1.0 and s["overlap_ms"] == 1.0
+    assert summarize(trace)["step_ms"] == 10.0  # the decode step as before
+
+
 def test_without_a_gpu_only_the_main_thread_is_summarised():
     trace = {"traceEvents": [e for e in _trace()["traceEvents"] if e.get("pid") != 0]}
     s = summarize(trace)
