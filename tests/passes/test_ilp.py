@@ -105,6 +105,8 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
         if 0 < value < 1000 and (tier not in ("ddr", "cxl") or not unit.split_gpu_seconds or value not in grid):
             return None
     kv_tier = next((unit_tier[i] for i, op in enumerate(cls.operands) if op == "kv"), None)
+    # Eq. 20a: a prefill's K, V write to a host cache is on the chain when the CPU computes attention (reads it)
+    cpu_reads_kv = any(op == "kv" and permille[i] == 1000 for i, op in enumerate(cls.operands))
     lat = costs.pcie_latency_seconds
     gpu_share = [1 - v / 1000 for v in permille]
     # Eq. 25: decode attention on the CPU with its partner on the GPU runs apart, at its apart prices
@@ -149,7 +151,7 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
                 staged += slots if unit.experts else moved
             if kv_tier == "hbm":
                 chain += part(unit.kv_to_gpu_seconds[step], 1 - gpu_share[index], lat)
-            elif kv_tier is not None and phase == "prefill":  # Eq. 20: on the store stream, beside the compute
+            elif kv_tier is not None and phase == "prefill" and not cpu_reads_kv:  # Eq. 20: beside the compute
                 store += part(unit.kv_to_host_seconds[step], gpu_share[index], lat)
             elif kv_tier is not None:
                 chain += part(unit.kv_to_host_seconds[step], gpu_share[index], lat)
