@@ -130,7 +130,7 @@ TIE_RELATIVE = 1e-12
 
 
 def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefer: tuple[np.ndarray, ...] = (),
-           tolerance: float = TIE_RELATIVE) -> np.ndarray:
+           tolerance: float = TIE_RELATIVE, prefiltered: bool = False) -> np.ndarray:
     """Indices (ascending) of the rows no other row beats: one is dropped when a kept row streams no more, uses
     the GPU only if it does, and is at most `tolerance` (relative) slower. So of two placements equally fast up
     to float noise, the one needing less staging (or no GPU) stays.
@@ -145,17 +145,20 @@ def _front(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray, prefe
         staging: [n] staging bytes.
         uses_gpu: [n] bool.
         prefer: [n] arrays breaking ties among equally fast rows with the same staging and GPU use.
+        prefiltered: the rows are `_clearly_beaten`'s survivors already (the filter would keep them all: a row no
+            row of a set beats by its margin has no such rival in a subset either).
     """
     n = seconds.size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    if n > _PREFILTER_ROWS:
+    if n > _PREFILTER_ROWS and not prefiltered:
         # Rows another row beats by more than three tolerances (no more staging, the GPU only if it uses it) can
         # go first: their block's representative, whichever it is, falls to that row's in step 2, so the result
         # is the same (tests/passes/test_ilp.py checks it against the unfiltered front), only much cheaper.
         rows = _clearly_beaten(seconds, staging, uses_gpu, tolerance)
         if rows.size < n:
-            keep = _front(seconds[rows], staging[rows], uses_gpu[rows], tuple(key[rows] for key in prefer), tolerance)
+            keep = _front(seconds[rows], staging[rows], uses_gpu[rows], tuple(key[rows] for key in prefer), tolerance,
+                          prefiltered=True)
             return rows[keep]
     gpu = uses_gpu.astype(np.int64)
     # 1. one representative per (GPU use, staging)
@@ -210,12 +213,25 @@ def _clearly_beaten(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarr
     """
     order = np.argsort(staging, kind="stable")
     sorted_staging = staging[order]
-    upto = np.searchsorted(sorted_staging, staging, side="right") - 1  # last position streaming no more than r
-    least_any = np.minimum.accumulate(seconds[order])  # any GPU use: a rival for a row using the GPU
-    cpu_seconds = np.where(uses_gpu[order], np.inf, seconds[order])
-    least_cpu = np.minimum.accumulate(cpu_seconds)  # CPU-only rivals: the only ones for a CPU-only row
-    rival = np.where(uses_gpu, least_any[upto], least_cpu[upto])
-    return np.flatnonzero(~(rival * (1 + 3 * tolerance) < seconds))
+    if not sorted_staging[-1] == sorted_staging[-1]:  # NaN (sorted last): the plain search
+        upto = np.searchsorted(sorted_staging, staging, side="right") - 1  # last position streaming no more than r
+        least_any = np.minimum.accumulate(seconds[order])
+        least_cpu = np.minimum.accumulate(np.where(uses_gpu[order], np.inf, seconds[order]))
+        rival = np.where(uses_gpu, least_any[upto], least_cpu[upto])
+        return np.flatnonzero(~(rival * (1 + 3 * tolerance) < seconds))
+    # in sorted order: the last position streaming no more than a row is the end of its run of equal staging
+    changes = sorted_staging[1:] != sorted_staging[:-1]
+    ends = np.flatnonzero(np.r_[changes, True])
+    upto = ends[np.r_[0, np.cumsum(changes)]]
+    sorted_seconds = seconds[order]
+    sorted_gpu = uses_gpu[order]
+    least_any = np.minimum.accumulate(sorted_seconds)  # any GPU use: a rival for a row using the GPU
+    least_cpu = np.minimum.accumulate(np.where(sorted_gpu, np.inf, sorted_seconds))  # CPU-only rivals: the only
+    # ones for a CPU-only row
+    rival = np.where(sorted_gpu, least_any[upto], least_cpu[upto])
+    keep = np.empty(order.size, dtype=bool)
+    keep[order] = ~(rival * (1 + 3 * tolerance) < sorted_seconds)
+    return np.flatnonzero(keep)
 
 
 def expert_counts(num_experts: int, up_to: int | None = None) -> tuple[int, ...]:
@@ -468,7 +484,7 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     groups: dict[tuple[int, ...], list[int]] = {}
     for k, p in enumerate(parts):
         groups.setdefault((k,) if per_tier_vector else tuple(p[2][t] for t in keyed), []).append(k)
-    rows = []  # (part, prefill row, decode row)
+    chosen = []  # per group: (part, prefill row, decode row) arrays
     for members in groups.values():
         index = np.concatenate([np.full(parts[k][5].size, k) for k in members])
         first = np.concatenate([parts[k][5] for k in members])
@@ -482,26 +498,29 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
                                        for k in members])
             keep = _front(seconds, staging, uses_gpu)
             index, first, second = index[keep], first[keep], second[keep]
-        rows.extend(zip(index.tolist(), first.tolist(), second.tolist()))
-    rows.sort()
+        chosen.append((index, first, second))
+    index, first, second = (np.concatenate([c[i] for c in chosen]).astype(np.int64) for i in range(3))
+    order = np.lexsort((second, first, index))  # by (part, prefill row, decode row): each triple occurs once
+    index, first, second = index[order], first[order], second[order]
+    bounds = np.flatnonzero(np.r_[True, index[1:] != index[:-1], True])
     out = []
-    # part by part (rows are sorted by part), the chosen rows as Python numbers: tolist once per part, not one
-    # numpy scalar per configuration
-    for part, members in itertools.groupby(rows, key=lambda row: row[0]):
-        members = list(members)
+    make = LayerConfig.from_fields
+    # part by part, the chosen rows as Python numbers: tolist once per part, not one numpy scalar per configuration
+    for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        part = int(index[start])
         weights, kv, memory, pre, dec = parts[part][:5]
-        first = np.array([i for _, i, _ in members], dtype=np.int64)
-        second = np.array([j for _, _, j in members], dtype=np.int64)
-        staging = np.maximum(pre.staging[first], dec.staging[second]).astype(np.int64).tolist()
-        uses_gpu = (pre.uses_gpu[first] | dec.uses_gpu[second]).tolist()
+        hbm_experts = parts[part][7]
+        rows_pre, rows_dec = first[start:end], second[start:end]
+        staging = np.maximum(pre.staging[rows_pre], dec.staging[rows_dec]).astype(np.int64).tolist()
+        uses_gpu = (pre.uses_gpu[rows_pre] | dec.uses_gpu[rows_dec]).tolist()
+        hbm, ddr, cxl = memory["hbm"], memory["ddr"], memory["cxl"]
         for pre_permille, dec_permille, pre_seconds, dec_seconds, stage, gpu in zip(
-                map(tuple, pre.permille[first].tolist()), map(tuple, dec.permille[second].tolist()),
-                pre.seconds[first].tolist(), dec.seconds[second].tolist(), staging, uses_gpu):
-            out.append(LayerConfig(
-                weights=weights, kv_cache=kv, prefill_cpu_permille=pre_permille, decode_cpu_permille=dec_permille,
-                prefill_seconds=pre_seconds, decode_seconds=dec_seconds, hbm_bytes=memory["hbm"],
-                ddr_bytes=memory["ddr"], cxl_bytes=memory["cxl"], staging_bytes=stage, uses_gpu=gpu,
-                hbm_experts=parts[part][7]))
+                map(tuple, pre.permille[rows_pre].tolist()), map(tuple, dec.permille[rows_dec].tolist()),
+                pre.seconds[rows_pre].tolist(), dec.seconds[rows_dec].tolist(), staging, uses_gpu):
+            out.append(make({"weights": weights, "kv_cache": kv, "prefill_cpu_permille": pre_permille,
+                             "decode_cpu_permille": dec_permille, "prefill_seconds": pre_seconds,
+                             "decode_seconds": dec_seconds, "hbm_bytes": hbm, "ddr_bytes": ddr, "cxl_bytes": cxl,
+                             "staging_bytes": stage, "uses_gpu": gpu, "hbm_experts": hbm_experts}))
     return out
 
 

@@ -555,6 +555,14 @@ def _frontier(used_l: np.ndarray, used_b: np.ndarray, used_s: np.ndarray) -> np.
         key = (group[-1] - group) * (rank.max() + 1) + rank
         before = np.concatenate([[np.iinfo(np.int64).max], np.minimum.accumulate(key)[:-1]])
         return order[key < before]
+    same = ls[1:] == ls[:-1]
+    total = bs.sum(axis=1)
+    if (total[1:][same] == total[:-1][same]).all():
+        # Every state with as many layers holds the same bytes over the tiers together (each configuration holds
+        # its layer's bytes in some tier, and every tier is tracked): a state using no more of any tier than
+        # another then uses exactly as much of each, so only states with equal bytes dominate each other, and of
+        # those (sorted by seconds, then position) the first is the one `pareto` keeps.
+        return order[np.r_[True, ~same | (bs[1:] != bs[:-1]).any(axis=1)]]
     keep = np.zeros(order.size, dtype=bool)
     starts = np.flatnonzero(np.concatenate([[True], ls[1:] != ls[:-1]]))
     for start, end in zip(starts, np.concatenate([starts[1:], [ls.size]])):

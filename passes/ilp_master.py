@@ -154,10 +154,11 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     for cls in costs.classes:
         options = configs[cls.layer_class]
         offered = []
-        for index, config in enumerate(options):
+        # the decoder's offered configurations only (in index order), not a test of each of its thousands
+        indices = sorted(useful) if useful is not None and cls.layer_class == "decoder" else range(len(options))
+        for index in indices:
+            config = options[index]
             if staging_level is not None and config.staging_bytes > staging_level[1]:
-                continue
-            if useful is not None and cls.layer_class == "decoder" and index not in useful:
                 continue
             key = (cls.layer_class, index)
             if cls.count == 1:
@@ -226,16 +227,18 @@ def _solve(problem, solver) -> bool:
                                                                             pulp.LpSolutionIntegerFeasible)
 
 
-def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> tuple[str, ...]:
+def _tiers_that_can_bind(costs: CostGraph, configs: dict[str, list[LayerConfig]],
+                         columns: dict[str, ClassColumns] | None = None) -> tuple[str, ...]:
     """Tiers whose capacity some choice of configurations could exceed (HBM always: the staging buffers use it).
     When even the most DDR-hungry choice fits DDR, DDR cannot bind and the level problems leave it out (near-twin
     configurations, e.g. fc1 or fc2 resident, then collapse, which keeps the level problems small)."""
     host = max(cls.host_workspace_bytes for cls in costs.classes)
     capacity = {"hbm": None, "ddr": costs.budgets.ddr_bytes - host, "cxl": costs.budgets.cxl_bytes}
+    columns = columns if columns is not None else _columns(costs, configs)
     out = []
-    for tier in TIERS:
-        field = f"{tier}_bytes"
-        most = sum(cls.count * max((getattr(c, field) for c in configs[cls.layer_class]), default=0)
+    for k, tier in enumerate(TIERS):
+        most = sum(cls.count * (int(columns[cls.layer_class].tier_bytes[:, k].max())
+                                if columns[cls.layer_class].tier_bytes.shape[0] else 0)
                    for cls in costs.classes)
         if capacity[tier] is None or most > capacity[tier]:
             out.append(tier)
@@ -403,7 +406,7 @@ def solve_master(costs: CostGraph, configs: dict[str, list[LayerConfig]], option
     solver_name, solver = make_solver(options)
     columns = _columns(costs, configs)
     levels = np.array(_staging_levels(configs), dtype=np.int64)
-    tiers = _tiers_that_can_bind(costs, configs)
+    tiers = _tiers_that_can_bind(costs, configs, columns)
     bounds = _Bounds(costs, columns, levels)
     # Branch and bound over intervals of levels, best bound first. An interval's relaxation offers every
     # configuration streaming up to its last level but reserves only its first level's buffers, so it bounds all

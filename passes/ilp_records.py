@@ -66,6 +66,15 @@ class LayerConfig:
     uses_gpu: bool
     hbm_experts: int = 0
 
+    @classmethod
+    def from_fields(cls, fields: dict, new=object.__new__) -> "LayerConfig":
+        """`LayerConfig(**fields)` with every field given (in field order), without the frozen dataclass's
+        `object.__setattr__` per field: column generation makes hundreds of thousands. An equal object, hashing
+        alike (the class has no `__post_init__`; one added here must be called here too)."""
+        config = new(cls)
+        config.__dict__.update(fields)
+        return config
+
     @property
     def seconds(self) -> float:
         return self.prefill_seconds + self.decode_seconds

@@ -1024,6 +1024,24 @@ def test_the_front_drops_clearly_beaten_rows_without_changing_its_answer(seed, m
     assert filtered.size < n // 10 and np.array_equal(filtered, full)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clearly_beaten_rows_match_their_definition(seed):
+    """`_clearly_beaten` keeps row r unless some row q streams no more, uses the GPU only if r does and is faster
+    by more than three tolerances: checked pair by pair on random rows with tied staging (the run ends it reads)."""
+    from liac.passes import ilp
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    seconds = rng.integers(1, 30, n).astype(np.float64) * (1 + rng.integers(-4, 5, n) * ilp.TIE_RELATIVE)
+    staging = rng.integers(0, 12, n).astype(np.float64) * 1e6
+    uses_gpu = rng.random(n) < 0.5
+    rival = ((staging[None, :] <= staging[:, None]) & (~uses_gpu[None, :] | uses_gpu[:, None])
+             & (seconds[None, :] * (1 + 3 * ilp.TIE_RELATIVE) < seconds[:, None]))  # [r, q]
+    expected = np.flatnonzero(~rival.any(axis=1))
+    assert 0 < expected.size < n and np.array_equal(ilp._clearly_beaten(seconds, staging, uses_gpu,
+                                                                        ilp.TIE_RELATIVE), expected)
+
 def _two_layer_tier_vectors():
     """A 2-layer model on spr-h100-cxl with splits, its decoder class and every tier vector of its two weight
     operands (alternating) and KV cache over HBM, DDR and CXL."""

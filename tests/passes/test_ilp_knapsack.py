@@ -115,6 +115,27 @@ def test_knapsack_with_a_floor_equals_enumeration(seed):
     assert floor <= int(counts @ sizes) <= capacity and counts.sum() == layers
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_frontier_of_states_holding_equal_bytes_per_layer_count(seed, monkeypatch):
+    """When every configuration holds its layer's bytes in some tracked tier, states with as many layers hold the
+    same bytes in all: `_frontier` then keeps one state per byte vector (the fastest, the first of equals), the
+    states the pairwise Pareto comparison keeps (forced here by one state that breaks the equal sums)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.multinomial(12, np.ones(3) / 3, size=8) * 1000  # [K, 3]: each configuration holds 12000 bytes
+    seconds = rng.choice(rng.random(4), 8)
+    layers = rng.integers(0, 7, 600)
+    counts = np.array([rng.multinomial(n, np.ones(8) / 8) for n in layers])
+    used_b, used_s = counts @ sizes, counts @ seconds
+    fast = ilp_knapsack._frontier(layers, used_b, used_s)
+    broken = used_b.copy()
+    broken[np.argmax(layers == layers.max())] += 1  # its layer count no longer holds equal sums: Pareto for all
+    with_one = ilp_knapsack._frontier(layers, broken, used_s)
+    same = layers != layers.max()
+    kept_fast = set(fast[same[fast]].tolist())
+    kept_pareto = set(with_one[same[with_one]].tolist())
+    assert len(kept_fast) < same.sum() and kept_fast == kept_pareto
+
 def test_group_relaxation_settles_a_hard_instance():
     """Near-twin configurations (a few bytes apart) and many layers: the group relaxation (Gomory) settles it
     with few labels where the state enumeration alone exceeds a small cap."""
