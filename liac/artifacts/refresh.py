@@ -56,11 +56,7 @@ PROMPT_LEN = 128
 GEN_LEN = 32
 # Pairs not compiled, with the reason shown on the index page. A checked-in plan must be proven optimal; points are
 # solved with `artifact_solver_options` (work limits, never a time limit), so "proven" does not depend on the machine.
-SKIPPED = {
-    ("llama-3.1-405b", "spr-h100-cxl"): "not checked in: HBM, DDR and CXL all bind; the compiler's work limits "
-                                        "prove batches 1 and 16 in tens of seconds each but leave batch 64 "
-                                        "unproven (status 'feasible', gap 1.5e-2) after about five minutes",
-}
+SKIPPED: dict[tuple[str, str], str] = {}
 
 
 # The code that decides which placement a checked-in plan holds, beyond what re-pricing the recorded choice
