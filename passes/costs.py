@@ -422,7 +422,12 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     rows = cpu_throughput_rows(sub, batch=point[0], query=point[1])
     # Attention in prefill runs as its own kernel (SDPA), at the profile's measured attention curve over Q
     tflops = hw.cpu_attention_tflops_at(rows) if sub.kind in _ATTENTION and point[1] > 1 else hw.cpu_tflops_at(rows)
-    busy = np.maximum(flops / (tflops * 1e12), memory_seconds)
+    if fused_decode_attention(sub, phase, point) and not apart:
+        # Eq. 1b: the fused decode kernel over the cache is what `cpu_kv_read_gb_per_s` times, its FLOPs included;
+        # the GEMM curve at M = Q = 1 is a weight GEMV's read rate, not a bound on this kernel
+        busy = memory_seconds
+    else:
+        busy = np.maximum(flops / (tflops * 1e12), memory_seconds)
     # The DDR bytes Eq. 6 counts for it (R_cpu,ddr): its weights, and a decode KV cache, when they are in DDR.
     ddr_bytes = (weights + (kv if phase == "decode" else 0.0)) if tier == "ddr" else 0.0 * weights
     h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
@@ -434,6 +439,13 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     else:
         beside = np.minimum(h * busy, np.maximum(s * busy - ddr_bytes, 0.0)) + min(h, s) * hw.cpu_launch_seconds
     return busy + hw.cpu_launch_seconds, beside
+
+
+def fused_decode_attention(sub: Sublayer, phase: str, point: tuple[int, int, int]) -> bool:
+    """Eq. 1b: whether a CPU node is decode attention reading the KV cache (one query token, the cache read): the
+    fused kernel (scaled_dot_product_attention) whose rate the profile measures as `cpu_kv_read_gb_per_s`, so it is
+    priced by its bytes at that rate alone, not also by its FLOPs at the GEMM curve's M = 1 point."""
+    return phase == "decode" and point[1] == 1 and sub.kind in _ATTENTION and sub.kv_read(*point) > 0
 
 
 def prefill_blocks_dma(phase: str, point: tuple[int, int, int]) -> bool:

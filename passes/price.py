@@ -292,7 +292,8 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
     if unit.experts:
         return _expert_options(costs, unit, tier, permille, steps, hbm_experts)
     tier_index = TIERS.index(tier)
-    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside")}
+    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside",
+                                                             "yield_read", "yield_cpu")}
     ok = np.ones(permille.size, dtype=bool)
     grid = {p: k for k, p in enumerate(costs.split_permille)}
     op = costs.runtime_op_seconds  # Eq. 24: the runtime's host time per unit it runs, on the chain
@@ -308,6 +309,8 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
             out["compute"][option] = np.asarray(seconds) + op
             out["beside"][option] = (unit.cpu_apart_beside_bytes if apart else unit.cpu_beside_bytes)[tier_index]
             out["read"][option] = unit.cpu_apart_read_bytes if apart else unit.cpu_read_bytes
+            if value == 1000 and unit.cpu_apart_seconds:  # Eq. 18c: the fused decode attention kernel yields DDR
+                out["yield_read"][option], out["yield_cpu"][option] = out["read"][option], seconds
             ok[option] = tier != "hbm" or unit.cpu_allows_hbm
         elif unit.can_split and int(value) in grid:
             k = grid[int(value)]
@@ -341,7 +344,8 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
     experts' copies and the CPU's expert reads share DDR while both run (Eq. 6 over the unit alone)."""
     experts = unit.experts
     tier_index = TIERS.index(tier)
-    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside")}
+    out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside",
+                                                             "yield_read", "yield_cpu")}
     ok = np.ones(permille.size, dtype=bool)
     one_expert = np.asarray(unit.expert_bytes, dtype=np.float64)
     rate = _stream_rate(costs, tier) if tier in HOST_TIERS else 1.0
@@ -378,22 +382,27 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
         if cpu_count:
             out["beside"][option] = unit.expert_cpu_beside_bytes[cpu_count][tier_index]
             out["read"][option] = cpu_count * one_expert
+            # Eq. 18c: the experts' GEMMs keep the fluid stretch they were calibrated with (docs/moe.md)
+            out["yield_read"][option], out["yield_cpu"][option] = out["read"][option], cpu
     out["ok"] = ok
     return out
 
 
 def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,
-                           shared_gb_per_s: float):
+                           shared_gb_per_s: float, yield_seconds=None):
     """Eq. 18: the least step time that fits the DMA's reads of DDR beside the CPU's (elementwise over arrays).
 
     A fluid model of the memory system. While the CPU computes (`cpu_seconds` of the chain), DMA can read the
     `beside_bytes` the CPU's kernels leave it (Eq. 18a, per kernel: what the shared DDR rate leaves beside the
     kernel's own reads, at most the PCIe rate; its launch overhead at min(PCIe, shared)); the rest of the chain
     (GPU work, transfers, a split's sync) it reads DDR alone, at min(PCIe, shared). When the streamed bytes do not
-    fit, the step stretches: first by slowing the CPU's reads (each second of it gives the DMA `shared` bytes,
-    until the DMA beside the CPU runs at the PCIe rate: CPU seconds = cpu_bytes / (shared − PCIe)), then by
-    waiting for the DMA alone. So where the CPU alone saturates DDR (shared = its rate), moving a unit's bytes from
-    the CPU to PCIe gains only what DMA reads while the CPU does not read DDR.
+    fit, the step stretches: first by slowing the reads of the CPU kernels that yield DDR (Eq. 18c: `cpu_bytes`
+    and `yield_seconds` are theirs, the fused decode attention's and MoE experts'; `yield_seconds` defaults to
+    `cpu_seconds`, every kernel yielding), each second of it giving the DMA `shared` bytes, until the DMA beside
+    them runs at the PCIe rate (their seconds = cpu_bytes / (shared − PCIe)); then by waiting for the DMA alone. A
+    weight GEMV does not yield: beside it the deficit waits for the DMA at the PCIe rate. So where the CPU alone
+    saturates DDR (shared = its rate), moving a unit's bytes from the CPU to PCIe gains only what DMA reads while
+    the CPU does not read DDR.
     """
     h, s = h2d_gb_per_s * GB, shared_gb_per_s * GB
     chain = np.asarray(chain, dtype=np.float64)
@@ -401,7 +410,8 @@ def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_b
     deficit = np.maximum(stream_bytes - beside_bytes - min(h, s) * gaps, 0.0)
     if s <= h:  # the DMA alone gets the shared rate: every second of stretch gives it that
         return chain + deficit / s
-    slow = np.maximum(cpu_bytes / (s - h) - cpu_seconds, 0.0)
+    yield_seconds = cpu_seconds if yield_seconds is None else yield_seconds
+    slow = np.maximum(cpu_bytes / (s - h) - yield_seconds, 0.0)
     return chain + np.where(deficit <= s * slow, deficit / s, slow + (deficit - s * slow) / h)
 
 
@@ -595,15 +605,17 @@ class LayerPricer:
 
     @staticmethod
     def _start(num: int) -> tuple:
-        """(valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store) before any unit."""
+        """(valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
+        yield_seconds) before any unit."""
         zero = np.zeros((num, 1))
-        return (np.ones(num, dtype=bool),) + (zero,) * 8
+        return (np.ones(num, dtype=bool),) + (zero,) * 10
 
     def _add_unit(self, state: tuple, u: int, tier: str, hbm_experts: int, kv_tier: str | None,
                   rows: np.ndarray, own: dict | None = None) -> tuple:
         """The partial sums `state` with unit u's terms added (a new tuple). Only arrays in `own` are written to
         (in place, the same sums); with `own` given, the arrays made here join it."""
-        valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
+        (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
+         yield_seconds) = state
         options = self._unit(u, tier, hbm_experts)
         valid = valid & options["ok"][rows]
         gathered = self._gathered
@@ -622,10 +634,12 @@ class LayerPricer:
         if tier in HOST_TIERS:
             staged = add(staged, "staged")
         cpu_seconds = add(cpu_seconds, "cpu")
+        yield_seconds = add(yield_seconds, "yield_cpu")  # Eq. 18c: the CPU kernels whose DDR reads yield to DMA
         beside = add(beside, "beside")
         if tier == "ddr":
             stream_ddr = add(stream_ddr, "stream")
             cpu_ddr = add(cpu_ddr, "read")
+            yield_ddr = add(yield_ddr, "yield_read")
         elif tier == "cxl":
             stream_cxl = add(stream_cxl, "stream")
         if kv_tier is not None:
@@ -638,13 +652,15 @@ class LayerPricer:
                     store = _plus(store, gathered[key], own)
                 else:
                     chain = _plus(chain, gathered[key], own)
-        return valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store
+        return (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
+                yield_seconds)
 
     def _finish(self, state: tuple, index: np.ndarray, own: dict, kv_tier: str | None = None) -> LayerTime:
         """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20,
         20a. Only the arrays in `own` (this item's own partial sums) are written to."""
         costs, pc, phase = self.costs, self.pc, self.phase
-        valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store = state
+        (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
+         yield_seconds) = state
         num = index.shape[0]
         gathered = self._gathered
         waits = None
@@ -667,13 +683,16 @@ class LayerPricer:
                     chain = _plus(chain, gathered[key], own)
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
-            chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
-                                                          for v in (chain, cpu_seconds, beside, cpu_ddr, store))
+            chain, cpu_seconds, beside, cpu_ddr, store, yield_ddr, yield_seconds = (
+                _per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
+                for v in (chain, cpu_seconds, beside, cpu_ddr, store, yield_ddr, yield_seconds))
             stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
         t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
         t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
-        t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, cpu_ddr, stream_ddr, costs.h2d_gb_per_s,
-                                          costs.ddr_shared_gb_per_s)  # Eq. 18
+        if phase == "prefill":  # Eq. 18c in decode only: a prefill keeps the stretch Eq. 18a's rule was fitted with
+            yield_ddr, yield_seconds = cpu_ddr, cpu_seconds
+        t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, yield_ddr, stream_ddr, costs.h2d_gb_per_s,
+                                          costs.ddr_shared_gb_per_s, yield_seconds)  # Eq. 18
         step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
         staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
         # Eq. 8, each sum over a full [P, steps] array, as layer_time always summed

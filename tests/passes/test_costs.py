@@ -85,6 +85,32 @@ def test_attention_decode_reads_the_growing_cache():
     assert unit(costs, "decoder", "prefill", "attn_score").cpu_allows_hbm  # prefill reads fresh K, V
 
 
+def test_fused_decode_attention_is_priced_by_its_kv_read_alone():
+    """Eq. 1b: CPU decode attention (both halves on the CPU: the fused kernel `cpu_kv_read_gb_per_s` times) costs
+    its KV bytes at that rate, whatever the GEMM curve says at M = 1 (a weight GEMV's rate: with it as a FLOP bound
+    the H200's fused attention was priced 1.3-2x what it measured, docs/cost-model.md). The GEMM curve still bounds
+    the softmax, attention run apart (Eq. 25) and the prefill."""
+    B, L = 2, 8
+    slow = dataclasses.replace(HW, cpu_amx_bf16_tflops=tuple(
+        dataclasses.replace(p, tflops=p.tflops * 1e-6) if p.m == 1 else p for p in HW.cpu_amx_bf16_tflops))
+    costs = costs_for(batch=B, prompt=L, gen=4, hw=slow)
+    amx1 = slow.cpu_tflops_at(1) * 1e12
+    kv_rate, ddr, lam = HW.cpu_kv_read_gb_per_s * GB, HW.cpu_ddr_read_gb_per_s * GB, HW.cpu_launch_seconds
+    score = unit(costs, "decoder", "decode", "attn_score")
+    context = unit(costs, "decoder", "decode", "attn_context")
+    for step, C in enumerate(range(L + 1, L + 4)):
+        q, k, p, o = B * D * 2, B * C * D * 2, B * H * C * 2, B * D * 2
+        assert 2 * B * C * D / amx1 > 100 * k / kv_rate  # the FLOP bound would dominate by far
+        want = (k / kv_rate + (q + p) / ddr + lam) + (max(5 * B * H * C / amx1, 2 * p / ddr) + lam)
+        assert score.cpu_seconds[1][step] == pytest.approx(want, rel=1e-12)
+        assert context.cpu_seconds[1][step] == pytest.approx(k / kv_rate + (p + o) / ddr + lam, rel=1e-12)
+        # apart from its partner (Eq. 25) the score is a matmul over the capacity: the GEMM curve bounds it
+        assert score.cpu_apart_seconds[1][step] > 2 * B * (L + 3) * D / amx1
+    # prefill attention (Q > 1) keeps its FLOP bound (the attention curve)
+    assert unit(costs, "decoder", "prefill", "attn_score").cpu_seconds[1][0] == pytest.approx(
+        unit(costs_for(batch=B, prompt=L, gen=4), "decoder", "prefill", "attn_score").cpu_seconds[1][0], rel=1e-12)
+
+
 def test_prefill_lm_head_prices_the_last_position_only():
     B, L = 2, 8
     costs = costs_for(batch=B, prompt=L)

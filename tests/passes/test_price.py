@@ -15,8 +15,8 @@ from liac.api import compile_plans
 from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
-from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, dma_beside_cpu_seconds, layer_time, plan_profile, price_plan, unit_prices,
-                               unit_times)
+from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, _unit_options, dma_beside_cpu_seconds, layer_time,
+                               plan_profile, price_plan, unit_prices, unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, TIERS, load_plan
 from liac.profile import profile_names, resolve_profile
@@ -273,6 +273,62 @@ def test_dma_beside_the_cpu_closed_forms():
     # the rest waits for the DMA at 55 GB/s
     slow = 210.0 / 205.0 - 1.0
     assert fit(1.0, 1.0, 50.0, 210.0, 60.0, 55.0, 260.0) == pytest.approx(1.0 + slow + (10.0 - 260.0 * slow) / 55.0)
+
+
+def test_dma_beside_a_cpu_that_does_not_yield():
+    """Eq. 18c: only the CPU kernels whose reads yield (fused decode attention, MoE experts) are slowed for the
+    DMA; beside a weight GEMV (none yields here) what did not fit waits for the DMA alone at the PCIe rate. The
+    H200's GEMV plans at batch 1-32 measured 74-97 GB/s of DDR where the fluid stretch priced the probe's 103."""
+    def fit(chain, cpu, beside, yield_gb, stream_gb, yielding):
+        return float(dma_beside_cpu_seconds(np.array(chain), np.array(cpu), np.array(beside * 1e9),
+                                            np.array(yield_gb * 1e9), np.array(stream_gb * 1e9), 55.0, 260.0,
+                                            np.array(yielding)))
+
+    # the 10 GB that did not fit beside the CPU's 1 s: at 55 GB/s after it, not at 260 by slowing the CPU
+    assert fit(1.0, 1.0, 50.0, 0.0, 60.0, 0.0) == pytest.approx(1.0 + 10.0 / 55.0)
+    # the same CPU second, all of it yielding (its 210 GB): the fluid stretch of the closed forms above
+    slow = 210.0 / 205.0 - 1.0
+    assert fit(1.0, 1.0, 50.0, 210.0, 60.0, 1.0) == pytest.approx(1.0 + slow + (10.0 - 260.0 * slow) / 55.0)
+    # half a second of it yielding (105 GB): the stretch it allows is that kernel's, 105/205 − 0.5 s
+    part = 105.0 / 205.0 - 0.5
+    assert fit(1.0, 1.0, 50.0, 105.0, 60.0, 0.5) == pytest.approx(1.0 + part + (10.0 - 260.0 * part) / 55.0)
+    # everything fits: no stretch either way
+    assert fit(1.0, 1.0, 50.0, 0.0, 50.0, 0.0) == pytest.approx(1.0)
+
+
+def test_decode_layer_stretches_at_the_pcie_rate_beside_a_cpu_gemv():
+    """A decode step with qkv on the CPU from DDR and the rest streamed, on a profile where the stream does not fit
+    beside the CPU: Eq. 18c prices the deficit at the PCIe rate (the GEMV does not yield); with the fused attention
+    on the CPU too, its reads (only they) give the fluid stretch."""
+    # a slow link (the tiny model's chain is mostly launches) beside a GEMV that leaves it 30 % of its rate, and
+    # a fused attention kernel reading faster than the shared rate leaves it (so slowing it gives the DMA room)
+    hw = dataclasses.replace(HW, pcie_h2d_gb_per_s=0.05, cpu_ddr_read_gb_per_s=100.0, cpu_kv_read_gb_per_s=400.0,
+                             ddr_shared_gb_per_s=100.015)
+    costs = costs_for(batch=64, prompt=512, gen=2, hw=hw)  # one decode step over a cache the CPU reads at length
+    dec = costs.layer_class("decoder")
+    pc = dec.phase("decode")
+    tiers = ("ddr",) * 6
+    h, s = hw.pcie_h2d_gb_per_s * 1e9, hw.ddr_shared_gb_per_s * 1e9
+    stretched = {}
+    for placement in ((1000, 0, 0, 0, 0, 0), (1000, 1000, 1000, 0, 0, 0)):
+        priced = layer_time(costs, dec, "decode", tiers, np.array([placement]))
+        chain = priced.chain_seconds[0]
+        terms = dict.fromkeys(("cpu", "beside", "stream", "read", "yield_read", "yield_cpu"), 0.0)
+        for index, unit in enumerate(pc.units):
+            options = _unit_options(costs, unit, tiers[index], np.array([placement[index]]), pc.steps)
+            for key in terms:
+                terms[key] += options[key][0][0]
+        deficit = max(terms["stream"] - terms["beside"] - min(h, s) * max(chain - terms["cpu"], 0.0), 0.0)
+        assert deficit > 0  # a case that stretches
+        slow = max(terms["yield_read"] / (s - h) - terms["yield_cpu"], 0.0)
+        fitted = chain + (deficit / s if deficit <= s * slow else slow + (deficit - s * slow) / h)
+        assert priced.seconds[0] == pytest.approx(
+            max(chain, terms["stream"] / h, (terms["read"] + terms["stream"]) / s, fitted), rel=1e-12)
+        stretched[placement[1]] = (terms["yield_read"], slow, fitted - chain, deficit)
+    read, slow, stretch, deficit = stretched[0]
+    assert read == 0 and slow == 0 and stretch == pytest.approx(deficit / min(h, s))  # the GEMV alone: no yield
+    read, slow, stretch, deficit = stretched[1000]
+    assert read > 0 and slow > 0 and stretch < deficit / min(h, s)  # the attention's reads yield
 
 
 # ---------------------------------------------------------------------------------------------------------------
