@@ -17,6 +17,13 @@ the host time a unit costs beyond its kernels when it synchronises with the othe
 offloading plan do (each such op also pays the profiling pass's two synchronisations: a slight overestimate). The
 footprint stage measures the same on small runs that cross PCIe (liac.host.runtime_op_seconds).
 
+--cpu-rates-from-runs sets the profile's `cpu_ddr_read_gb_per_s` and `cpu_kv_read_gb_per_s` to the rates the
+runtime's own CPU kernels reached in the call's profiled decode steps (each op timed alone): the median over the
+whole-CPU weight GEMV units (qkv, out_proj, fc1, fc2 at batch ≤ 8, where a unit is its weights' read) of their
+weight bytes / measured ms, and over the fused CPU attention units (score and context together, batch ≥ 8) of the
+KV bytes they read / measured ms. The rates stage probes other shapes (a 1 GiB matrix with 74898-long rows; a
+batch-8, 32-head cache) and varied between calls more than the runtime's kernels did (docs/cost-model.md, A8).
+
 --recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget and generation
 length, at each prompt length its plans ran) and prints what the ILP picks: its split units per decode step and per
 prefill, its predicted decode and prefill.
@@ -45,7 +52,11 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "op_seconds_from_runs", "reprice", "reprice_units", "attribute_decode", "main"]
+__all__ = ["load_call_plans", "op_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
+           "attribute_decode", "error_summary", "main"]
+
+GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
+ATTENTION_UNITS = frozenset({"attn_score", "attn_context"})
 
 
 def load_call_plans(folder: Path) -> dict[str, object]:
@@ -91,6 +102,59 @@ def op_seconds_from_runs(runs: list[dict]) -> tuple[float, int]:
     if not excess:
         raise SystemExit("reprice: the runs hold no profiled decode step (run lia-run with --profile-steps 1)")
     return max(0.0, statistics.median(excess)), len(excess)
+
+
+def cpu_rates_from_runs(folder: Path, profile, plans: dict) -> dict[str, tuple[float, int]]:
+    """Profile field → (GB/s, samples): the CPU read rates the runtime's kernels reached in the runs' profiled decode
+    steps (runs.json `metrics.sublayers`, each op timed alone): `cpu_ddr_read_gb_per_s` from whole-CPU weight GEMV
+    units at batch ≤ 8 (their weight bytes, Eq. 6's R, over the measured ms), `cpu_kv_read_gb_per_s` from fused
+    CPU decode attention (score and context in one op) at batch ≥ 8 (the KV bytes it reads). A field without a
+    sample is left out."""
+    from liac.passes.price import price_plan
+
+    runs = json.loads((folder / "runs.json").read_text())["runs"]
+    samples: dict[str, list[float]] = {"cpu_ddr_read_gb_per_s": [], "cpu_kv_read_gb_per_s": []}
+    graphs = {}
+    for run in runs:
+        plan = plans.get(run["plan"])
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
+                   if e.get("phase") == "decode" and e.get("device") == "cpu" and e.get("measured_ms")]
+        if plan is None or not entries:
+            continue
+        key = plan.spec.model.config_sha256
+        if key not in graphs:
+            from liac.passes.trace import trace_model
+
+            graphs[key] = trace_model(plan.model_config)
+        price = price_plan(plan, hw=profile, graph=graphs[key])
+        batch = plan.spec.workload.batch_size
+        for entry in entries:
+            names = set(entry["sublayers"])
+            if len(names) == 1 and names <= GEMV_UNITS and batch <= 8:
+                field = "cpu_ddr_read_gb_per_s"
+            elif names == ATTENTION_UNITS and batch >= 8:
+                field = "cpu_kv_read_gb_per_s"
+            else:
+                continue
+            try:
+                group = price.group(entry["group"])
+            except KeyError:
+                continue
+            units = price.costs.layer_class(group.group.layer_class).phase("decode").units
+            nbytes = sum(statistics.fmean(u.cpu_read_bytes) for u in units if u.name in names)
+            samples[field].append(nbytes / (entry["measured_ms"] / 1e3) / 1e9)
+    return {field: (statistics.median(v), len(v)) for field, v in samples.items() if v}
+
+
+def error_summary(rows: list[dict]) -> dict[str, tuple[float, float, int]]:
+    """Phase → (median |error|, worst |error|, runs) of re-priced against measured, over the runs that measured it."""
+    out = {}
+    for phase in ("decode", "prefill"):
+        errors = [abs(r[f"repriced_{phase}_ms"] / r[f"measured_{phase}_ms"] - 1) for r in rows
+                  if r[f"measured_{phase}_ms"]]
+        if errors:
+            out[phase] = (statistics.median(errors), max(errors), len(errors))
+    return out
 
 
 def reprice(folder: Path, profile, plans: dict) -> list[dict]:
@@ -232,7 +296,10 @@ def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[d
                       for s in g.sublayers if s.decode == "split"]
             prefill = [(g.name, g.layer_count, s.name, s.prefill_cpu_permille) for g in plan.spec.layer_groups
                        for s in g.sublayers if s.prefill == "split"]
+            attention = sum(g.layer_count for g in plan.spec.layer_groups
+                            if {s.name for s in g.sublayers if s.decode == "cpu"} >= ATTENTION_UNITS)
             out.append({"batch": plan.spec.workload.batch_size, "prompt": prompt_len,
+                        "cpu_attention_layers": attention,
                         "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
                         "prefill_ms": plan.status.predicted.prefill_seconds * 1e3,
                         "split_units": sum(n for _, n, _, _ in splits),
@@ -258,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a numeric profile field (repeatable)")
     parser.add_argument("--op-seconds-from-runs", action="store_true",
                         help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
+    parser.add_argument("--cpu-rates-from-runs", action="store_true",
+                        help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
     parser.add_argument("--units", default="", metavar="NAME,...",
                         help="per layer group, these units' profiled decode ms beside their prices")
@@ -279,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
             seconds, samples = op_seconds_from_runs(runs)
             overrides.setdefault("runtime_op_seconds", seconds)
             notes.append(f"runtime_op_seconds = {seconds * 1e3:.3f} ms (median of {samples} profiled GPU units)")
+        if args.cpu_rates_from_runs:
+            for field, (rate, samples) in cpu_rates_from_runs(args.call, profile, load_call_plans(args.call)).items():
+                overrides.setdefault(field, rate)
+                notes.append(f"{field} = {rate:.1f} GB/s (median of {samples} profiled CPU units; the rates stage "
+                             f"measured {getattr(profile, field):.1f})")
         if overrides:
             data = to_data(profile)
             unknown = sorted(set(overrides) - set(data))
@@ -297,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reprice: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units, "attribution": parts},
-                         indent=1))
+        print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units, "attribution": parts,
+                          "errors": error_summary(rows)}, indent=1))
         return 0
     for note in notes:
         print(note)
@@ -321,10 +395,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cell(row['measured_prefill_ms'], 20)} {row['planned_prefill_ms']:8.1f} "
                   f"{row['repriced_prefill_ms']:9.1f} "
                   f"{cell(error(row['repriced_prefill_ms'], row['measured_prefill_ms']), 7, '+.1%')}\n")
+    for phase, (median, worst, count) in error_summary(rows).items():
+        out.write(f"{phase}: median |error| {median:.1%}, worst {worst:.1%} over {count} runs\n")
     for pick in picks:
         out.write(f"recompiled b{pick['batch']} p{pick['prompt']}: decode {pick['decode_ms']:.1f} ms/token, prefill "
                   f"{pick['prefill_ms']:.1f} ms predicted; {pick['split_units']} split units per decode step "
-                  f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']})\n")
+                  f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']}); "
+                  f"decode attention on the CPU in {pick['cpu_attention_layers']} layers\n")
     if units:
         out.write(f"{'plan':44s} {'group':>10s} {'layers':>6s} {'units':>8s} {'decode ms per layer: measured':>29s} "
                   f"{'(CPU part, GPU part)':>20s} {'planned':>8s} {'repriced':>9s} {'error':>7s}\n")
