@@ -65,6 +65,23 @@ def contender_parts(contender: str) -> tuple[str, int]:
 def known_contender(contender: str) -> bool:
     base, _, depth = contender.partition("+d")
     return base in CONTENDERS and (depth == "" or (depth.isdigit() and int(depth) >= 1))
+def decoder_gemv_shapes(model: str) -> tuple[tuple[int, int], ...]:
+    """The decoder's weight GEMM matrices (rows, columns) of a zoo model, from its traced graph: the shapes the
+    runtime's CPU GEMV reads, so that the rates stage's `cpu_ddr_read_gb_per_s` is that kernel's rate (on the H200
+    the probe's one 1 GiB matrix of 74898-long rows read 49.5 GB/s where the runtime's qkv, out_proj and fc1 read
+    56.1 in the same call, i12j: docs/cost-model.md, A8)."""
+    from liac.models import resolve_model
+    from liac.passes.trace import trace_model
+
+    graph = trace_model(resolve_model(model))
+    shapes = []
+    for _, data in sorted(graph.nodes(data=True)):
+        sub = data.get("sublayer")
+        if sub is not None and sub.layer_class == "decoder" and sub.kind == "linear":
+            shapes += [tuple(w.shape) for w in sub.weights if len(w.shape) == 2 and tuple(w.shape) not in shapes]
+    return tuple(shapes)
+
+
 STAGES = ("profile", "rates", "compile", "runs", "peers", "floor", "footprint")
 
 
@@ -185,7 +202,8 @@ class Bench:
         from liac.probe import ATTENTION_QUERIES, ProbeSizes, attention_curve, measure_rates, split_sync_seconds
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
-            weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
+            weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3,
+            gemv_shapes=decoder_gemv_shapes(self.args.model))
         began = time.monotonic()
         gpu = False if self.args.emulate else None
         rates = measure_rates(sizes, use_gpu=gpu)

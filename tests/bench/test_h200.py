@@ -46,3 +46,16 @@ def test_abba_runs_each_contender_first_once_and_last_once():
 
     with pytest.raises(SystemExit, match="unknown contender"):  # the flag parses (the contender check fails later)
         main(["--out", "unused", "--abba", "--contenders", "optimal,nope"])
+
+
+def test_rates_stage_probes_the_decoders_own_gemv_shapes():
+    """The rates stage measures the CPU GEMV on the decoder's weight matrices from the traced graph (OPT-30B: fc1,
+    fc2, out_proj, qkv), not on one square-ish probe matrix: a Llama's fused gate/up and its down differ."""
+    from h200 import decoder_gemv_shapes
+
+    assert set(decoder_gemv_shapes("opt-30b")) == {(21504, 7168), (7168, 7168), (28672, 7168), (7168, 28672)}
+    from liac.models import resolve_model
+
+    cfg = resolve_model("llama-3.1-8b")
+    shapes = set(decoder_gemv_shapes("llama-3.1-8b"))
+    assert (cfg.hidden_size, cfg.ffn_dim) in shapes and len(shapes) >= 3
