@@ -188,25 +188,30 @@ def reprice(folder: Path, profile, plans: dict) -> list[dict]:
     return rows
 
 
-def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[dict]:
-    """Per run and decode row of its profiled step whose units include one of `names`: measured, planned and
-    re-priced ms per layer (compute + transfers, as `liac explain` and the row's own prediction add them)."""
+def _profiled_decode_runs(folder: Path, profile, plans: dict, keep):
+    """(run, plan, its profiled decode-step entries that `keep` accepts, group name → the plan's priced group under
+    `profile`) for every run of a known plan with such entries (one trace per model)."""
     from liac.passes.price import price_plan
+    from liac.passes.trace import trace_model
 
-    runs = json.loads((folder / "runs.json").read_text())["runs"]
-    rows, graphs = [], {}
-    for run in runs:
+    graphs = {}
+    for run in json.loads((folder / "runs.json").read_text())["runs"]:
         plan = plans.get(run["plan"])
-        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
-                   if e.get("phase") == "decode" and names & set(e.get("sublayers", ()))]
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", []) if e.get("phase") == "decode" and keep(e)]
         if plan is None or not entries:
             continue
         key = plan.spec.model.config_sha256
         if key not in graphs:
-            from liac.passes.trace import trace_model
-
             graphs[key] = trace_model(plan.model_config)
-        groups = {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+        yield run, plan, entries, {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+
+
+def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[dict]:
+    """Per run and decode row of its profiled step whose units include one of `names`: measured, planned and
+    re-priced ms per layer (compute + transfers, as `liac explain` and the row's own prediction add them)."""
+    rows = []
+    for run, plan, entries, groups in _profiled_decode_runs(folder, profile, plans,
+                                                            lambda e: bool(names & set(e.get("sublayers", ())))):
         for entry in entries:
             group = groups.get(entry["group"])
             if group is None:
@@ -228,21 +233,8 @@ ATTRIBUTE_KINDS = {"qkv": "attention", "attn_score": "attention", "attn_context"
 
 def attribute_decode(folder: Path, profile, plans: dict) -> list[dict]:
     """Per run with a profiled decode step: ms per step by part (see --attribute), measured beside re-priced."""
-    from liac.passes.price import price_plan
-
-    runs = json.loads((folder / "runs.json").read_text())["runs"]
-    out, graphs = [], {}
-    for run in runs:
-        plan = plans.get(run["plan"])
-        entries = [e for e in (run.get("metrics") or {}).get("sublayers", []) if e.get("phase") == "decode"]
-        if plan is None or not entries:
-            continue
-        key = plan.spec.model.config_sha256
-        if key not in graphs:
-            from liac.passes.trace import trace_model
-
-            graphs[key] = trace_model(plan.model_config)
-        groups = {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+    out = []
+    for run, plan, entries, groups in _profiled_decode_runs(folder, profile, plans, lambda e: True):
         counts = {g.name: g.layer_count for g in plan.spec.layer_groups}
         measured: dict[str, float] = {}
         priced: dict[str, float] = {}
