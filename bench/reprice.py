@@ -35,6 +35,12 @@ routed experts' copies and their compute), and the rest of a split (its measured
 slower part: the dispatch of the GPU's experts on the host thread, the merge, the profiling pass's sync). The last line sets the
 profiled step's sum beside the timed steps' mean (the profiling pass synchronises after each op: the two differ).
 
+--split-parts prints every profiled split unit (runs.json `metrics.sublayers`, device 'split', both phases) by the
+width of its CPU part: its GEMM's rows M (B·Q tokens), the output features N the CPU part computes (N·permille //
+1000 of the GEMM's), the CPU part and the GPU part measured beside their re-priced ms (Eq. 15's two terms, a decode
+step's mean or a prefill's pass), the GPU part's stream at the PCIe rate (Eq. 16; on its own chain, not in the
+part), and the whole unit measured beside its re-priced compute (the slower part, the sync, Eq. 24's ops).
+
 --units NAME,... prints, per run and layer group, the profiled decode step's ms of those units (runs.json
 `metrics.sublayers`, a mean per layer; a split also its CPU part and GPU part) beside the plan's own price and the
 re-priced one (compute + transfers), e.g. `--units experts` for an MoE call (bench/moe_h200.py).
@@ -53,7 +59,7 @@ import tarfile
 from pathlib import Path
 
 __all__ = ["load_call_plans", "op_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
-           "attribute_decode", "error_summary", "main"]
+           "attribute_decode", "split_parts", "error_summary", "main"]
 
 GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
 ATTENTION_UNITS = frozenset({"attn_score", "attn_context"})
@@ -226,6 +232,60 @@ def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[d
     return rows
 
 
+def split_parts(folder: Path, profile, plans: dict) -> list[dict]:
+    """Per profiled split unit of the call's runs (see --split-parts): its shape, its parts measured and re-priced."""
+    import numpy as np
+
+    from liac.passes.costs import TIERS
+    from liac.passes.price import _per_pass, price_plan
+
+    runs = json.loads((folder / "runs.json").read_text())["runs"]
+    rows, graphs = [], {}
+    for run in runs:
+        plan = plans.get(run["plan"])
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
+                   if e.get("device") == "split" and e.get("measured_cpu_part_ms") is not None]
+        if plan is None or not entries:
+            continue
+        key = plan.spec.model.config_sha256
+        if key not in graphs:
+            from liac.passes.trace import trace_model
+
+            graphs[key] = trace_model(plan.model_config)
+        price = price_plan(plan, hw=profile, graph=graphs[key])
+        work = plan.spec.workload
+        for entry in entries:
+            try:
+                priced = price.group(entry["group"])
+            except KeyError:
+                continue
+            group, phase, name = priced.group, entry["phase"], entry["sublayers"][0]
+            pc = price.costs.layer_class(group.layer_class).phase(phase)
+            index = [u.name for u in pc.units].index(name)
+            unit, permille = pc.units[index], group.sublayers[index].cpu_permille(phase)
+            if not unit.can_split or permille not in price.costs.split_permille:
+                continue  # an MoE experts unit: --attribute takes it apart
+            k, tier = price.costs.split_permille.index(permille), priced.tiers[index]
+            gemm = next(s for s in graphs[key].sublayers(group.layer_class) if s.unit == name and s.kind == "linear")
+            query = 1 if phase == "decode" or name == "lm_head" else work.prompt_len
+
+            def ms(values):
+                return float(_per_pass(np.asarray([values], dtype=np.float64), pc, phase)[0]) * 1e3
+
+            stream = ms(unit.split_stream_bytes[k]) / (profile.pcie_h2d_gb_per_s * 1e9)
+            rows.append({"plan": run["plan"], "phase": phase, "group": entry["group"], "unit": name,
+                         "layers": group.layer_count, "rows_m": work.batch_size * query, "permille": permille,
+                         "cpu_features": gemm.weights[0].shape[0] * permille // 1000,
+                         "features": gemm.weights[0].shape[0],
+                         "cpu_part_ms": entry["measured_cpu_part_ms"],
+                         "repriced_cpu_part_ms": ms(unit.split_cpu_seconds[k][TIERS.index(tier)]),
+                         "gpu_part_ms": entry["measured_gpu_part_ms"],
+                         "repriced_gpu_part_ms": ms(unit.split_gpu_seconds[k]), "repriced_stream_ms": stream,
+                         "measured_ms": entry["measured_ms"],
+                         "repriced_ms": priced.units[phase][index].compute_seconds * 1e3})
+    return sorted(rows, key=lambda r: (r["phase"], r["cpu_features"], r["rows_m"]))
+
+
 ATTRIBUTE_KINDS = {"qkv": "attention", "attn_score": "attention", "attn_context": "attention", "attn": "attention",
                    "out_proj": "attention", "router": "router", "lm_head": "lm_head", "embed": "embed",
                    "wait": "stream_wait", "release": "release"}
@@ -322,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
     parser.add_argument("--units", default="", metavar="NAME,...",
                         help="per layer group, these units' profiled decode ms beside their prices")
+    parser.add_argument("--split-parts", action="store_true",
+                        help="every profiled split unit by its CPU part's width, parts beside prices (docstring)")
     parser.add_argument("--attribute", action="store_true",
                         help="per run, its profiled decode step taken apart by part (see the docstring)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -359,12 +421,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.recompile else []
         units = reprice_units(args.call, profile, plans, set(args.units.split(","))) if args.units else []
         parts = attribute_decode(args.call, profile, plans) if args.attribute else []
+        splits = split_parts(args.call, profile, plans) if args.split_parts else []
     except LiacError as e:
         print(f"reprice: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"notes": notes, "runs": rows, "recompiled": picks, "units": units, "attribution": parts,
-                          "errors": error_summary(rows)}, indent=1))
+                          "split_parts": splits, "errors": error_summary(rows)}, indent=1))
         return 0
     for note in notes:
         print(note)
@@ -403,6 +466,18 @@ def main(argv: list[str] | None = None) -> int:
         out.write(f"{row['plan']:44s} {row['group']:>10s} {row['layers']:6d} {row['units']:>8s} "
                   f"{row['measured_ms']:29.2f} {parts:>20s} {planned:8.2f} {row['repriced_ms']:9.2f} "
                   f"{row['repriced_ms'] / row['measured_ms'] - 1:+7.1%}\n")
+    if splits:
+        out.write(f"{'plan':44s} {'phase':7s} {'unit':>8s} {'layers':>6s} {'M':>5s} {'N cpu':>11s} "
+                  f"{'CPU part ms (priced)':>20s} {'ratio':>5s} {'GPU part ms (priced)':>20s} {'stream':>6s} "
+                  f"{'unit ms (priced)':>16s}\n")
+    for row in splits:
+        cpu = f"{row['cpu_part_ms']:.2f} ({row['repriced_cpu_part_ms']:.2f})"
+        gpu = f"{row['gpu_part_ms']:.2f} ({row['repriced_gpu_part_ms']:.2f})"
+        unit = f"{row['measured_ms']:.2f} ({row['repriced_ms']:.2f})"
+        width = f"{row['cpu_features']}@{row['permille']}‰"
+        out.write(f"{row['plan']:44s} {row['phase']:7s} {row['unit']:>8s} {row['layers']:6d} {row['rows_m']:5d} "
+                  f"{width:>11s} {cpu:>20s} {row['cpu_part_ms'] / row['repriced_cpu_part_ms']:5.2f} {gpu:>20s} "
+                  f"{row['repriced_stream_ms']:6.2f} {unit:>16s}\n")
     for row in parts:
         out.write(f"{row['plan']} b{row['batch']}: decode ms per step by part, measured (re-priced)\n")
         for name, value in row["measured_ms"].items():

@@ -199,3 +199,29 @@ def test_main_prints_the_attribution(capsys):
     assert reprice.main([str(MOE_CALL), "--attribute"]) == 0
     out = capsys.readouterr().out
     assert "experts_split_rest" in out and "profiled step" in out and "timed steps 167.7" in out
+
+
+def test_split_parts_of_call_i12k_by_width():
+    """Call i12k's six profiled split units, each with its CPU part's shape: the batch-128 out_proj split at 250 ‰
+    computes 1792 of 7168 features at M = 128 rows, priced at the AMX curve's M = 128 point (3.708 TFLOP/s, its
+    FLOPs outweigh its 25.7 MB read at 46.4 GB/s) plus its element-wise ops, and measured 1.30 ms."""
+    from liac.profile import resolve_profile
+
+    call = CALL.parent / "i12k"
+    profile = resolve_profile(str(call / "run-profile.yaml"))
+    rows = reprice.split_parts(call, profile, reprice.load_call_plans(call))
+    assert sorted((r["phase"], r["unit"], r["rows_m"], r["cpu_features"]) for r in rows) == [
+        ("decode", "lm_head", 64, 20108), ("decode", "lm_head", 128, 15081), ("decode", "out_proj", 128, 1792),
+        ("decode", "qkv", 64, 12902), ("prefill", "lm_head", 64, 20108), ("prefill", "lm_head", 128, 15081)]
+    out_proj = next(r for r in rows if r["unit"] == "out_proj")
+    assert (out_proj["layers"], out_proj["permille"], out_proj["features"]) == (27, 250, 7168)
+    gemm_ms = 2 * 128 * 1792 * 7168 / 3.708e12 * 1e3
+    assert gemm_ms < out_proj["repriced_cpu_part_ms"] < 1.05 * gemm_ms
+    assert out_proj["cpu_part_ms"] == pytest.approx(1.30348, abs=1e-5)
+    assert out_proj["repriced_stream_ms"] == pytest.approx(0.75 * 7168 * 7168 * 2 / 54.802e9 * 1e3, rel=0.01)
+
+
+def test_main_prints_the_split_parts_table(capsys):
+    assert reprice.main([str(CALL.parent / "i12k"), "--split-parts"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU part ms (priced)" in out and "1792@250‰" in out and out.count(" lm_head ") == 4
