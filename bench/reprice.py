@@ -116,23 +116,9 @@ def cpu_rates_from_runs(folder: Path, profile, plans: dict) -> dict[str, tuple[f
     units at batch ≤ 8 (their weight bytes, Eq. 6's R, over the measured ms), `cpu_kv_read_gb_per_s` from fused
     CPU decode attention (score and context in one op) at batch ≥ 8 (the KV bytes it reads). A field without a
     sample is left out."""
-    from liac.passes.price import price_plan
-
-    runs = json.loads((folder / "runs.json").read_text())["runs"]
     samples: dict[str, list[float]] = {"cpu_ddr_read_gb_per_s": [], "cpu_kv_read_gb_per_s": []}
-    graphs = {}
-    for run in runs:
-        plan = plans.get(run["plan"])
-        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
-                   if e.get("phase") == "decode" and e.get("device") == "cpu" and e.get("measured_ms")]
-        if plan is None or not entries:
-            continue
-        key = plan.spec.model.config_sha256
-        if key not in graphs:
-            from liac.passes.trace import trace_model
-
-            graphs[key] = trace_model(plan.model_config)
-        price = price_plan(plan, hw=profile, graph=graphs[key])
+    for run, plan, entries, price, _ in _profiled_runs(folder, profile, plans, lambda e: e.get("phase") == "decode" and
+                                                    e.get("device") == "cpu" and e.get("measured_ms")):
         batch = plan.spec.workload.batch_size
         for entry in entries:
             names = set(entry["sublayers"])
@@ -194,30 +180,35 @@ def reprice(folder: Path, profile, plans: dict) -> list[dict]:
     return rows
 
 
-def _profiled_decode_runs(folder: Path, profile, plans: dict, keep):
-    """(run, plan, its profiled decode-step entries that `keep` accepts, group name → the plan's priced group under
-    `profile`) for every run of a known plan with such entries (one trace per model)."""
+def _profiled_runs(folder: Path, profile, plans: dict, keep):
+    """(run, plan, its profiled entries that `keep` accepts, the plan priced under `profile`, the model's traced
+    graph) for every run of a known plan with such entries (runs.json `metrics.sublayers`; one trace per model)."""
     from liac.passes.price import price_plan
     from liac.passes.trace import trace_model
 
     graphs = {}
     for run in json.loads((folder / "runs.json").read_text())["runs"]:
         plan = plans.get(run["plan"])
-        entries = [e for e in (run.get("metrics") or {}).get("sublayers", []) if e.get("phase") == "decode" and keep(e)]
+        entries = [e for e in (run.get("metrics") or {}).get("sublayers", []) if keep(e)]
         if plan is None or not entries:
             continue
         key = plan.spec.model.config_sha256
         if key not in graphs:
             graphs[key] = trace_model(plan.model_config)
-        yield run, plan, entries, {g.name: g for g in price_plan(plan, hw=profile, graph=graphs[key]).groups}
+        yield run, plan, entries, price_plan(plan, hw=profile, graph=graphs[key]), graphs[key]
+
+
+def _decode_groups(price) -> dict:
+    return {g.name: g for g in price.groups}
 
 
 def reprice_units(folder: Path, profile, plans: dict, names: set[str]) -> list[dict]:
     """Per run and decode row of its profiled step whose units include one of `names`: measured, planned and
     re-priced ms per layer (compute + transfers, as `liac explain` and the row's own prediction add them)."""
     rows = []
-    for run, plan, entries, groups in _profiled_decode_runs(folder, profile, plans,
-                                                            lambda e: bool(names & set(e.get("sublayers", ())))):
+    for run, plan, entries, price, _ in _profiled_runs(folder, profile, plans, lambda e: e.get("phase") == "decode" and
+                                                    bool(names & set(e.get("sublayers", ())))):
+        groups = _decode_groups(price)
         for entry in entries:
             group = groups.get(entry["group"])
             if group is None:
@@ -237,22 +228,11 @@ def split_parts(folder: Path, profile, plans: dict) -> list[dict]:
     import numpy as np
 
     from liac.passes.costs import TIERS
-    from liac.passes.price import _per_pass, price_plan
+    from liac.passes.price import _per_pass
 
-    runs = json.loads((folder / "runs.json").read_text())["runs"]
-    rows, graphs = [], {}
-    for run in runs:
-        plan = plans.get(run["plan"])
-        entries = [e for e in (run.get("metrics") or {}).get("sublayers", [])
-                   if e.get("device") == "split" and e.get("measured_cpu_part_ms") is not None]
-        if plan is None or not entries:
-            continue
-        key = plan.spec.model.config_sha256
-        if key not in graphs:
-            from liac.passes.trace import trace_model
-
-            graphs[key] = trace_model(plan.model_config)
-        price = price_plan(plan, hw=profile, graph=graphs[key])
+    rows = []
+    for run, plan, entries, price, graph in _profiled_runs(folder, profile, plans, lambda e: e.get("device") == "split"
+                                                           and e.get("measured_cpu_part_ms") is not None):
         work = plan.spec.workload
         for entry in entries:
             try:
@@ -266,7 +246,7 @@ def split_parts(folder: Path, profile, plans: dict) -> list[dict]:
             if not unit.can_split or permille not in price.costs.split_permille:
                 continue  # an MoE experts unit: --attribute takes it apart
             k, tier = price.costs.split_permille.index(permille), priced.tiers[index]
-            gemm = next(s for s in graphs[key].sublayers(group.layer_class) if s.unit == name and s.kind == "linear")
+            gemm = next(s for s in graph.sublayers(group.layer_class) if s.unit == name and s.kind == "linear")
             query = 1 if phase == "decode" or name == "lm_head" else work.prompt_len
 
             def ms(values):
@@ -294,7 +274,8 @@ ATTRIBUTE_KINDS = {"qkv": "attention", "attn_score": "attention", "attn_context"
 def attribute_decode(folder: Path, profile, plans: dict) -> list[dict]:
     """Per run with a profiled decode step: ms per step by part (see --attribute), measured beside re-priced."""
     out = []
-    for run, plan, entries, groups in _profiled_decode_runs(folder, profile, plans, lambda e: True):
+    for run, plan, entries, price, _ in _profiled_runs(folder, profile, plans, lambda e: e.get("phase") == "decode"):
+        groups = _decode_groups(price)
         counts = {g.name: g.layer_count for g in plan.spec.layer_groups}
         measured: dict[str, float] = {}
         priced: dict[str, float] = {}
