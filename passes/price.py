@@ -41,8 +41,8 @@ from liac.plan import (EXPERT_SLOTS, HOST_TIERS, PHASES, TIERS, LayerGroup, Offl
 from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
-__all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice", "DdrSharing", "operand_tiers",
-           "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
+__all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice",
+           "DdrSharing", "operand_tiers", "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
 
@@ -683,14 +683,13 @@ class LayerPricer:
                     chain = _plus(chain, gathered[key], own)
         full = (num, self.steps)
         if phase == "prefill":  # Eq. 20: one pass over the micro-batches; the weights are staged once for all
-            chain, cpu_seconds, beside, cpu_ddr, store, yield_ddr, yield_seconds = (
-                _per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
-                for v in (chain, cpu_seconds, beside, cpu_ddr, store, yield_ddr, yield_seconds))
+            chain, cpu_seconds, beside, cpu_ddr, store = (_per_pass(np.broadcast_to(v, full), pc, phase)[:, None]
+                                                          for v in (chain, cpu_seconds, beside, cpu_ddr, store))
             stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
+            # Eq. 18c in decode only: a prefill keeps the stretch Eq. 18a's rule was fitted with (every kernel yields)
+            yield_ddr, yield_seconds = cpu_ddr, cpu_seconds
         t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
         t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
-        if phase == "prefill":  # Eq. 18c in decode only: a prefill keeps the stretch Eq. 18a's rule was fitted with
-            yield_ddr, yield_seconds = cpu_ddr, cpu_seconds
         t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, yield_ddr, stream_ddr, costs.h2d_gb_per_s,
                                           costs.ddr_shared_gb_per_s, yield_seconds)  # Eq. 18
         step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
