@@ -257,8 +257,9 @@ class Engine:
                 the two by the ratio of their times per expert (`ExpertRun.assign`): 'load' (default) measures it at
                 load (the CPU kernel's rate over one expert's pinned copy; only on a GPU, with the CPU rate measured)
                 and keeps it, 'auto' measures it at load and then follows the CPU parts' own host times
-                (runtime/moe.py `ExpertShare`; measured on the H200: not better than 'load', docs/benchmarks.md), a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each
-                expert where the plan puts it.
+                (runtime/moe.py `ExpertShare`; measured on the H200: not better than 'load', docs/benchmarks.md),
+                a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each expert where the
+                plan puts it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -660,9 +661,10 @@ class Engine:
     @torch.inference_mode()
     def warm_up(self, batch: int, prompt_len: int) -> float:
         """Run every distinct op placement once at a request's shapes (`Executor.warm_up`), then one whole request
-        of two tokens, so that the first request's prefill costs what the plan predicts: cuBLAS handles and workspaces, the kernels the libraries
-        pick for these shapes (and their modules, loaded on first use), oneDNN's primitives, the allocator's blocks
-        and the pinned host blocks of PCIe crossings are made here. Returns (and keeps) its seconds."""
+        of two tokens, so that the first request's prefill costs what the plan predicts: cuBLAS handles and
+        workspaces, the kernels the libraries pick for these shapes (and their modules, loaded on first use),
+        oneDNN's primitives, the allocator's blocks and the pinned host blocks of PCIe crossings are made here.
+        Returns (and keeps) its seconds."""
         self._open()
         check_request(self.plan, batch, prompt_len, 2)
         began = time.perf_counter()

@@ -591,8 +591,8 @@ def _bring(transfer, vals: dict, inputs_at: tuple[tuple[str, tuple[str, ...]], .
 
 def _kv_reader(ex: Executor, op: Op, stream_unit: StreamUnit | None, which: str) -> Callable[[Frame], torch.Tensor]:
     """Attention's K or V ('k' | 'v') [B, G, C, E] by the schedule's read mode: this step's (prefill), the host cache
-    the GPU's qkv just wrote them to (prefill: once those writes have landed), the cache in place, or the cache's window in the staging buffer
-    with this step's K or V written into it."""
+    the GPU's qkv just wrote them to (prefill: once those writes have landed), the cache in place, or the cache's
+    window in the staging buffer with this step's K or V written into it."""
     dev, layer, kv = op.device, op.layer, ex.kv
     if op.kv_read == "fresh":  # a prefill: this step's K, V; a chunk of the prompt, with those of the chunks before
         prompt_kv = ex.prompt_kv
