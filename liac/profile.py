@@ -110,6 +110,10 @@ class HardwareProfile:
                                            "measured on the runtime itself (docs/cost-model.md Eq. 24); a split "
                                            "unit costs SPLIT_OPS of them; 0: not measured, not priced", minimum=0,
                                            default=0.0)
+    cpu_expert_beside_copy_gb_per_s: float = spec_field(
+        "CPU reading an MoE expert's weights (its SwiGLU at one row, the runtime's kernel) while another expert's "
+        "weights are copied to the GPU, GB/s: the CPU side of a split experts unit while its routed experts' copies "
+        "run (docs/cost-model.md Eq. 21c); 0: not measured, not priced", minimum=0, default=0.0)
 
     def cpu_tflops_at(self, m: float) -> float:
         """AMX bf16 TFLOP/s for a GEMM of `m` rows: piecewise linear in log M between the curve's points."""
@@ -146,13 +150,15 @@ class HardwareProfile:
 
     def canonical(self) -> dict:
         """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write. A profile that
-        does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24) leaves the field out: it prices
-        every plan as before the field existed, so it hashes as it did and plans compiled for it stay valid."""
+        does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24) or the CPU's expert reads beside the
+        copies (`cpu_expert_beside_copy_gb_per_s` 0, Eq. 21c) leaves that field out: it prices every plan as before
+        the field existed, so it hashes as it did and plans compiled for it stay valid."""
         data = to_data(self)
-        if self.runtime_op_seconds == 0.0:
-            del data["runtime_op_seconds"]
-            data["sources"].pop("runtime_op_seconds", None)
-            data["estimates"] = [e for e in data["estimates"] if e != "runtime_op_seconds"]
+        for field in UNPRICED_WHEN_ZERO:
+            if getattr(self, field) == 0.0:
+                del data[field]
+                data["sources"].pop(field, None)
+                data["estimates"] = [e for e in data["estimates"] if e != field]
         return data
 
     def sha256(self) -> str:
@@ -190,13 +196,16 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "cxl_latency_ns": (0.0, 1e6), "pcie_h2d_gb_per_s": _RATE, "pcie_d2h_gb_per_s": _RATE,
            "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
-           "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS}
+           "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS,
+           "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1])}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
-                    "cpu_attention_bf16_tflops", "runtime_op_seconds")
+                    "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s")
+# Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
+UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:
@@ -206,11 +215,11 @@ def parse_profile(data, source: str) -> HardwareProfile:
     if absent:
         defaults = {name: f"liac's default (the profile file does not set it): {_FIELDS[name].metadata['doc']}"
                     for name in absent}
-        # (runtime_op_seconds is appended, not sorted in: a profile without it keeps the canonical form it had)
-        earlier = [name for name in absent if name != "runtime_op_seconds"]
+        # (the fields unpriced at 0 are appended, not sorted in: a profile without them keeps the canonical form
+        # it had, as `canonical` leaves them out)
+        earlier = [name for name in absent if name not in UNPRICED_WHEN_ZERO]
         estimates = tuple(sorted(set(profile.estimates) | set(earlier))) if earlier else tuple(profile.estimates)
-        if "runtime_op_seconds" in absent and "runtime_op_seconds" not in estimates:
-            estimates += ("runtime_op_seconds",)
+        estimates += tuple(name for name in UNPRICED_WHEN_ZERO if name in absent and name not in estimates)
         profile = dataclasses.replace(profile, sources={**defaults, **profile.sources}, estimates=estimates)
     for name in _POSITIVE:
         if getattr(profile, name) <= 0:

@@ -240,6 +240,8 @@ class CostGraph:
     pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
     split_sync_seconds: float = 0.0  # Eq. 15: a split unit's join beyond its slower part
     runtime_op_seconds: float = 0.0  # Eq. 24: the runtime's host time per unit it runs (SPLIT_OPS for a split)
+    cpu_ddr_read_gb_per_s: float = 0.0  # Eq. 21c: the CPU's weight read alone (the profile's GEMV rate)
+    cpu_expert_beside_copy_gb_per_s: float = 0.0  # Eq. 21c: the CPU's expert read beside an expert's copy; 0: unpriced
     gpu_context_bytes: int = 0  # Eq. 14: the part of every class's GPU workspace outside the runtime's allocator
     prefill_microbatch: Microbatch = Microbatch(0, 0)  # the decoder's prefill micro-batch priced (0, 0: whole batch)
     prefill_options: tuple[PrefillOption, ...] = ()  # other micro-batches the solver may choose (Eq. 20)
@@ -767,6 +769,8 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
                      pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds,
                      runtime_op_seconds=hw.runtime_op_seconds,
+                     cpu_ddr_read_gb_per_s=hw.cpu_ddr_read_gb_per_s,
+                     cpu_expert_beside_copy_gb_per_s=hw.cpu_expert_beside_copy_gb_per_s,
                      gpu_context_bytes=hw.gpu_context_bytes, prefill_microbatch=microbatches[0],
                      prefill_options=options)
 

@@ -42,7 +42,8 @@ from liac.profile import HardwareProfile, resolve_profile
 from liac.sizes import GB
 
 __all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice",
-           "DdrSharing", "operand_tiers", "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds", "LayerPricer", "layer_time", "unit_times",
+           "DdrSharing", "operand_tiers", "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds",
+           "expert_reads_beside_copies", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
 
@@ -341,7 +342,8 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
     experts), one expert's compute after the last copy, and the copies need `EXPERT_SLOTS` slots in the staging
     buffer. Both devices at once: the slower part plus the sync of a split (Eq. 15), where (Eq. 21b) the CPU's part
     begins once the one host thread has dispatched the GPU's routed experts (an op each, Eq. 24), and the routed
-    experts' copies and the CPU's expert reads share DDR while both run (Eq. 6 over the unit alone)."""
+    experts' copies and the CPU's expert reads share DDR while both run (Eq. 6 over the unit alone), the CPU's
+    reads beside the copies at the rate its expert kernel keeps beside a copy (Eq. 21c)."""
     experts = unit.experts
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside",
@@ -373,6 +375,8 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             cpu_side = cpu + gpu_count * routed * costs.runtime_op_seconds
             if streamed and tier == "ddr":  # Eq. 6 over the unit: its copies and the CPU's reads share DDR
                 unit_seconds = (cpu_count + streamed) * one_expert / (costs.ddr_shared_gb_per_s * GB)
+                cpu_side = cpu_side + expert_reads_beside_copies(cpu_count * one_expert, unit.expert_slot_bytes,
+                                                                 costs)  # Eq. 21c
         slower = np.maximum(cpu_side, gpu_side)
         if unit_seconds is not None:
             slower = np.maximum(slower, unit_seconds)
@@ -386,6 +390,20 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             out["yield_read"][option], out["yield_cpu"][option] = out["read"][option], cpu
     out["ok"] = ok
     return out
+
+
+def expert_reads_beside_copies(read_bytes, expert_bytes: float, costs: CostGraph):
+    """Eq. 21c: the seconds a split experts unit's CPU side takes beyond its expert reads at the alone rate
+    (`cpu_ddr_read_gb_per_s`): its first expert's worth of reads (`expert_bytes`, one expert's weights; all of
+    `read_bytes`, the CPU's expected expert bytes per step, when fewer) runs at the rate the CPU's expert kernel
+    keeps when it starts after the layer's GPU work with an expert's copy beside it
+    (`cpu_expert_beside_copy_gb_per_s`, probed on the expert's own shapes), the rest at the alone rate.
+    Elementwise over `read_bytes`; 0 where the beside rate is not measured or not below the alone rate."""
+    alone, beside = costs.cpu_ddr_read_gb_per_s * GB, costs.cpu_expert_beside_copy_gb_per_s * GB
+    read_bytes = np.asarray(read_bytes, dtype=np.float64)
+    if not 0 < beside < alone:
+        return np.zeros_like(read_bytes)
+    return np.minimum(read_bytes, expert_bytes) * (1.0 / beside - 1.0 / alone)
 
 
 def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,

@@ -456,3 +456,50 @@ def test_split_experts_by_hand(op, shared):
     assert priced.compute_seconds == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
     # at batch 1 two of 8 experts are routed: the step reads a quarter of each expert's weights (in expectation)
     assert unit.expert_bytes[0] / unit.expert_slot_bytes == pytest.approx(0.25, rel=1e-12)
+
+
+@pytest.mark.parametrize("batch, beside", [(1, 28.0), (8, 28.0), (8, 0.0), (1, 500.0)])
+def test_split_experts_cpu_reads_beside_the_copies_by_hand(batch, beside):
+    """Eq. 21c on Mixtral-8x7B's experts unit (4 experts on the CPU from DDR, 4 streamed when routed): the CPU side
+    reads its first expert's worth of weights (one expert's bytes, or all its expected bytes when fewer: batch 1)
+    at the beside-copy rate and the rest at the alone rate, i.e. Eq. 21b's CPU side plus min(R, W_e)·(1/r_b −
+    1/r_a); a profile that does not measure the beside rate (0), or measures it at or above the alone rate, prices
+    the unit exactly as Eq. 21b."""
+    cfg = ZOO["mixtral-8x7b"].with_layers(2)
+    base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=2e-4, ddr_shared_gb_per_s=500.0)
+    hw = dataclasses.replace(base, cpu_expert_beside_copy_gb_per_s=beside)
+
+    def experts(profile):
+        costs = annotate_costs(trace_model(cfg), profile, Workload(batch, 128, 4), BUDGETS)
+        dec = costs.layer_class("decoder")
+        names = [u.name for u in dec.decode.units]
+        permille = tuple(500 if n == "experts" else 0 for n in names)
+        (priced,) = [u for u in unit_times(costs, dec, "decode", tuple("ddr" for _ in names), permille)
+                     if u.name == "experts"]
+        return priced, dec.decode.units[names.index("experts")], dec.decode.steps
+
+    priced, unit, steps = experts(hw)
+    plain, _, _ = experts(base)
+    ddr = TIERS.index("ddr")
+    extra = []
+    for step in range(steps):
+        one = unit.expert_bytes[step]
+        read = 4 * one  # the CPU's expected expert bytes per step
+        gpu = max(4 * one / (hw.pcie_h2d_gb_per_s * GB) + hw.pcie_latency_seconds,
+                  unit.expert_gpu_seconds[4][step]) + unit.expert_gpu_seconds[1][step]
+        cpu = unit.expert_cpu_seconds[4][ddr][step] + 4 * one / unit.expert_slot_bytes * hw.runtime_op_seconds
+        penalty = 0.0
+        if 0 < beside < hw.cpu_ddr_read_gb_per_s:
+            penalty = min(read, unit.expert_slot_bytes) * (1 / (beside * GB) - 1 / (hw.cpu_ddr_read_gb_per_s * GB))
+        assert cpu + penalty > gpu or penalty == 0  # the CPU side binds where it is priced (the case is about it)
+        extra.append(max(cpu + penalty, gpu) - max(cpu, gpu))
+    assert priced.compute_seconds - plain.compute_seconds == pytest.approx(sum(extra) / steps, rel=1e-9, abs=1e-15)
+    if beside == 28.0:
+        assert priced.compute_seconds > plain.compute_seconds
+        if batch == 8:  # every expert routed: the CPU reads 4 experts, only the first beside a copy's start
+            assert unit.expert_bytes[0] / unit.expert_slot_bytes > 0.85
+    else:
+        assert priced.compute_seconds == plain.compute_seconds
+    # 0 is "not measured": the profile hashes as before the field existed (plans compiled for it stay valid)
+    assert dataclasses.replace(base, cpu_expert_beside_copy_gb_per_s=0.0).sha256() == base.sha256()
+    assert hw.sha256() != base.sha256() or beside == 0.0
