@@ -66,6 +66,7 @@ class Generation:
     finish_reasons: tuple[str, ...] = ()  # per sequence: 'eos' or 'length' (the token limit)
     prompt_lengths: tuple[int, ...] = ()  # real prompt tokens per sequence (default: P each)
     text: tuple[str, ...] | None = None   # per sequence, the new tokens decoded (special tokens left out)
+    experts: dict | None = None  # MoE: what this call's experts ops did per phase (ExpertTally.totals keys)
 
     def __post_init__(self):
         batch, width = self.token_ids.shape
@@ -126,6 +127,7 @@ class _Options:
     enforce_budget: bool
     warm_up: bool | tuple[int, int]
     expert_share: str | float = "load"
+    cpu_wake: bool = True
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ class Engine:
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
-                  expert_share: str | float = "load") -> "Engine":
+                  expert_share: str | float = "load", cpu_wake: bool = True) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -260,6 +262,9 @@ class Engine:
                 (runtime/moe.py `ExpertShare`; measured on the H200: not better than 'load', docs/benchmarks.md),
                 a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each expert where the
                 plan puts it.
+            cpu_wake: an experts op that computes experts on the CPU first wakes the CPU's thread team, while the
+                GPU still computes the router (runtime/executor.py `_CpuTeamWake`); False leaves the team to wake in
+                the CPU part's first GEMV.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -269,7 +274,7 @@ class Engine:
                                                             and expert_share > 0)):
             raise ValueError(f"expert_share must be 'auto', 'load', 'off' or a positive number, got {expert_share!r}")
         options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
-                           expert_share)
+                           expert_share, bool(cpu_wake))
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -389,7 +394,7 @@ class Engine:
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
             share = _expert_share(options.expert_share, backend, schedule, store, cpu_linear, buffers)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0],
-                                share)
+                                share, options.cpu_wake)
             backend.synchronize()
             if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
@@ -427,7 +432,8 @@ class Engine:
             schedule = build_schedule(batch_plan(self.plan, live), self.schedule.itemsize, self.source)
             main = self.executor
             self._executors[planned] = Executor(self.backend, schedule, self.cfg, self.dtype, self.store, main.kv,
-                                                main.streamer, self.cpu_linear[0], main.expert_share)
+                                                main.streamer, self.cpu_linear[0], main.expert_share,
+                                                main.cpu_wake is not None)
         return self._executors[planned]
 
     def close(self) -> None:
@@ -581,6 +587,7 @@ class Engine:
         size, prompt_len = ids.shape
         executor, sync = self.executor_for(size), self.backend.synchronize
         moved = self.backend.transfers.totals()
+        tallied = executor.expert_tally.totals()
         prefill_head = executor.head_device["prefill"]
         decode_head = executor.head_device["decode"]
         feed = executor.decode_embed_device
@@ -637,9 +644,10 @@ class Engine:
         reasons = tuple("eos" if token_ids[b, n - 1].item() in stops.eos_ids else "length"
                         for b, n in enumerate(lengths))
         after = self.backend.transfers.totals()
+        experts = {key: value - tallied.get(key, 0) for key, value in executor.expert_tally.totals().items()}
         return Generation(token_ids, stacked, prefilled - began, done - prefilled, prompt_len,
                           {key: after[key] - moved[key] for key in after}, tuple(lengths), reasons,
-                          tuple(batch.lengths))
+                          tuple(batch.lengths), experts=experts or None)
 
     def _nonfinite(self, step: int, inputs: list[torch.Tensor], prompt_len: int, pad, pick) -> None:
         """Raise the error for non-finite logits at pass `step` (0 = prefill), naming the first sublayer whose

@@ -45,7 +45,7 @@ from liac.models.mixtral import expert_block_rows, experts_partial, group_by_exp
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
-from liac.runtime.moe import ExpertShare
+from liac.runtime.moe import ExpertShare, ExpertTally
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
@@ -149,8 +149,12 @@ class Executor:
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
                  tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
-                 expert_share: ExpertShare | None = None):
+                 expert_share: ExpertShare | None = None, cpu_wake: bool = True):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
+        self.expert_tally = ExpertTally()  # per phase: CPU experts, their bytes and host seconds, experts streamed
+        # Wake the CPU's OpenMP team at the start of an experts op with a CPU part, while the GPU still computes the
+        # router (`_CpuTeamWake`); None: off (`Engine.from_plan(cpu_wake=False)`)
+        self.cpu_wake = _CpuTeamWake() if cpu_wake else None
         self.cpu_linear = cpu_linear  # the small-M CPU kernel the engine measured (runtime/kernels.py)
         self.expert_share = expert_share  # CPU seconds per expert over PCIe's (ExpertRun.assign); None: as planned
         self.tensors = tensors  # (canonical parameter, tier) → tensor
@@ -167,6 +171,7 @@ class Executor:
         self.crossing_outputs = {id(op) for sched in schedule.phases.values() for op in _crossing_outputs(sched.ops)}
         for phase, sched in schedule.phases.items():
             streams = {s.index: s for s in sched.stream_units}
+            self._phase = phase  # the phase whose steps `_compile` builds now (an experts step tallies by phase)
             self.programs[phase] = [(op, self._compile(op, streams.get(op.stream_unit))) for op in sched.ops]
             self.segments[phase] = _segments(self.programs[phase])
         self.stream_units = {phase: sched.stream_units for phase, sched in schedule.phases.items()}
@@ -833,11 +838,15 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         return experts_partial(flat, routing, ((e, *host_expert(e)) for e in routed), kernels[device])
 
     devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
-    backend = ex.backend
+    backend, tally, phase = ex.backend, ex.expert_tally, ex._phase
+    expert_bytes = sum(t[0].numel() * t.element_size() for t in host) if host else 0  # one host expert's weights
+    wake = ex.cpu_wake if run.cpu else None
 
     def step(frame: Frame) -> None:
         vals = frame.vals
         timed = ex._part_seconds if len(devices) == 2 else None  # a list only in a split op's profiling pass
+        if wake is not None:
+            wake()  # the CPU's team wakes while the GPU computes the router, not in the CPU part's first GEMV
         began = time.perf_counter()
         _run_moves_together(backend, vals, pre)  # the routing read on the host: one wait for h, ei and ew
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
@@ -846,7 +855,7 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         on = dict(zip(("cpu", "gpu"), run.assign(counts, share.ratio() if share is not None else None)))
         if share is not None and on["gpu"] and not on["cpu"]:
             share.idle()  # every routed host expert went over PCIe: nothing measures the CPU
-        partial = {}
+        partial, cpu_seconds = {}, 0.0
         if timed is None:
             # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1
             # with the share, one device in a quarter of the steps of a layer with 5 CPU and 2 streamed experts)
@@ -855,8 +864,9 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
                 if device == "cpu":
                     began = time.perf_counter()
                     partial[device] = part(device, vals, counts, on[device])
+                    cpu_seconds = time.perf_counter() - began
                     if share is not None:  # the CPU part's host seconds: the share follows the CPU's rate
-                        share.observe(time.perf_counter() - began, len(on["cpu"]))
+                        share.observe(cpu_seconds, len(on["cpu"]))
                 else:
                     partial[device] = part(device, vals, counts, on[device])
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
@@ -870,10 +880,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             launched = time.perf_counter() - began
             began = time.perf_counter()
             partial["cpu"] = part("cpu", vals, counts, on["cpu"])
-            seconds = time.perf_counter() - began
+            cpu_seconds = time.perf_counter() - began
             if share is not None:
-                share.observe(seconds, len(on["cpu"]))
-            timed.append(_PartTiming(seconds, start, end, launched, routed))
+                share.observe(cpu_seconds, len(on["cpu"]))
+            timed.append(_PartTiming(cpu_seconds, start, end, launched, routed))
+        if "cpu" in devices:
+            tally.add(phase, len(on["cpu"]), len(on["cpu"]) * expert_bytes, cpu_seconds,
+                      len(on["gpu"]) if "gpu" in devices else 0)
         out = {}
         for position, device in enumerate(run.merge_on):
             # the partial sums meet here, then the residual (HF: residual + experts' sum). A partial no later merge
@@ -891,6 +904,29 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         partial.clear()
         vals["x"] = out
     return step
+
+
+class _CpuTeamWake:
+    """Wakes the CPU's intra-op (OpenMP) team: one parallel fill of a small buffer, a chunk per thread.
+
+    At batch 1 an experts op's CPU part (two GEMVs, ~10 ms) follows the layer's attention and router on the GPU, a
+    few ms in which the team's threads may fall asleep; a GEMV's parallel region then starts only once every thread
+    is scheduled again, and it ends with its slowest thread. The experts step calls this first, while the GPU still
+    computes the router that the routing read waits for, so the wake-up overlaps GPU time (~10 µs when the threads
+    are awake). Sized by the thread count at the first call (torch's grain: 32768 elements per chunk)."""
+
+    GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel op gives each thread at least this many elements
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self) -> None:
+        threads = torch.get_num_threads()
+        if threads < 2:
+            return
+        if self.buffer is None or self.buffer.numel() != threads * self.GRAIN:
+            self.buffer = torch.empty(threads * self.GRAIN, dtype=torch.float32)
+        self.buffer.zero_()
 
 
 STEPS: dict[str, Callable[[Executor, Op, StreamUnit | None], Step]] = {

@@ -28,7 +28,7 @@ from liac.runtime.kernels import cpu_backend
 from liac.schema_tools import stable_float
 from liac.sizes import GIB
 
-__all__ = ["build_metrics", "write_metrics", "summary_lines", "request_prediction", "METRICS_VERSION"]
+__all__ = ["build_metrics", "write_metrics", "summary_lines", "request_prediction", "expert_rates", "METRICS_VERSION"]
 
 METRICS_VERSION = 1
 
@@ -147,8 +147,27 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
         "sublayers": sublayers,
         "memory": memory,
         "transfers": dict(transfers),
+        "experts": expert_rates(generation.experts),
         "notes": list(engine.notes),
     }
+
+
+def expert_rates(totals: dict | None) -> dict | None:
+    """Per phase, what the run's experts ops did on the CPU (`Generation.experts`, ExpertTally keys) and the rate
+    the CPU's expert kernel reached over the CPU parts that computed experts: their weight bytes over their host
+    seconds, every timed step counted (a profiled step times one). None for a run without MoE experts on the
+    CPU."""
+    if not totals:
+        return None
+    out = {}
+    for phase in sorted({key.split("_", 1)[0] for key in totals}):
+        counts = {key.split("_", 1)[1]: value for key, value in totals.items() if key.startswith(phase + "_")}
+        seconds = counts.get("cpu_seconds", 0.0)
+        out[phase] = {"cpu_experts": int(counts.get("cpu_experts", 0)), "cpu_parts": int(counts.get("cpu_parts", 0)),
+                      "cpu_bytes": int(counts.get("cpu_bytes", 0)), "cpu_ms": _ms(seconds),
+                      "streamed_experts": int(counts.get("streamed_experts", 0)),
+                      "cpu_gb_per_s": (stable_float(counts["cpu_bytes"] / seconds / 1e9) if seconds > 0 else None)}
+    return out
 
 
 def write_metrics(path, metrics: dict) -> None:

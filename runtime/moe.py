@@ -16,7 +16,7 @@ give a slow CPU both), which measures the CPU again.
 
 from __future__ import annotations
 
-__all__ = ["ExpertShare", "PROBE_RATIO"]
+__all__ = ["ExpertShare", "ExpertTally", "PROBE_RATIO"]
 
 PROBE_RATIO = 1.0  # the ratio of an op that measures a CPU the share has left idle: an even share
 
@@ -60,3 +60,29 @@ class ExpertShare:
         """An experts op sent every one of its routed host experts over PCIe (some were routed)."""
         if self.adapt:
             self._idle += 1
+
+
+class ExpertTally:
+    """Per phase, what an executor's experts ops did: the experts the CPU computed, their weight bytes and the host
+    seconds of the CPU parts that computed them (each timed on the host thread that computes it, so a timed run
+    needs no synchronisation), and the routed experts streamed to the GPU. `totals()` is flat and additive: a
+    caller takes the difference around one call (`Engine.generate` → Generation.experts), and bytes over seconds is
+    the rate the CPU's expert kernel reached in that call's own steps, not only in a profiled one."""
+
+    FIELDS = ("cpu_experts", "cpu_bytes", "cpu_seconds", "cpu_parts", "streamed_experts")
+
+    def __init__(self):
+        self.counts: dict[str, dict[str, float]] = {}
+
+    def add(self, phase: str, cpu_experts: int, cpu_bytes: int, cpu_seconds: float, streamed_experts: int) -> None:
+        counts = self.counts.setdefault(phase, dict.fromkeys(self.FIELDS, 0))
+        counts["cpu_experts"] += cpu_experts
+        counts["cpu_bytes"] += cpu_bytes
+        counts["cpu_seconds"] += cpu_seconds if cpu_experts else 0.0
+        counts["cpu_parts"] += 1 if cpu_experts else 0
+        counts["streamed_experts"] += streamed_experts
+
+    def totals(self) -> dict[str, float]:
+        """'{phase}_{field}' → its running total."""
+        return {f"{phase}_{field}": value for phase, counts in sorted(self.counts.items())
+                for field, value in counts.items()}

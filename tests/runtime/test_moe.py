@@ -565,3 +565,76 @@ def test_expert_slot_views_are_made_once(checkpoints, reference, monkeypatch):
     out = engine.generate(PROMPT, NEW_TOKENS)
     assert len(made) == first
     assert torch.equal(out.token_ids, reference("mixtral")[2])
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_expert_tally_counts_the_cpu_experts_of_the_call(checkpoints, reference, family):
+    """`Generation.experts` (runtime/moe.py `ExpertTally`, per phase): the experts the CPU computed are the routed
+    host experts the share left it (HF's routing replayed), their bytes one expert's weights each, the routed
+    experts streamed those copied; `metrics['experts']` gives the CPU kernel's rate over those bytes and seconds."""
+    from liac.runtime.metrics import build_metrics
+
+    directory, cfg = checkpoints(family)
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 2, 3)), directory,
+                              backend=make_test_backend("emulated"), dtype=torch.float32, expert_share=1.0)
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    fp32, _, tokens, _ = reference(family)
+    assert torch.equal(out.token_ids, tokens)
+    hit = _routed(fp32, torch.cat([PROMPT, tokens], dim=1))
+    E = cfg.num_experts
+    one_expert = 3 * cfg.ffn_dim * cfg.hidden_size * 4  # gate, up, down rows of one expert, fp32
+    for phase, passes, cpu in (("prefill", slice(0, 1), 2), ("decode", slice(1, None), 3)):
+        routed = [h for layer in hit for h in layer[passes]]  # per experts op of the phase
+        streamed = [_streamed_share(h, 1, cpu, E) for h in routed]
+        on_cpu = [{e for e in h if e >= 1} - s for h, s in zip(routed, streamed)]
+        assert out.experts[f"{phase}_cpu_experts"] == sum(len(c) for c in on_cpu) > 0
+        assert out.experts[f"{phase}_cpu_bytes"] == sum(len(c) for c in on_cpu) * one_expert
+        assert out.experts[f"{phase}_cpu_parts"] == sum(1 for c in on_cpu if c)
+        assert out.experts[f"{phase}_streamed_experts"] == sum(len(s) for s in streamed)
+        assert out.experts[f"{phase}_cpu_seconds"] > 0
+    rates = build_metrics(engine, out, {})["experts"]
+    decode = rates["decode"]
+    assert decode["cpu_experts"] == out.experts["decode_cpu_experts"]
+    assert decode["cpu_gb_per_s"] == pytest.approx(out.experts["decode_cpu_bytes"]
+                                                   / out.experts["decode_cpu_seconds"] / 1e9, rel=1e-5)
+    # a second call counts only its own experts (the tally is a difference around the call)
+    assert engine.generate(PROMPT, NEW_TOKENS).experts["decode_cpu_experts"] == out.experts["decode_cpu_experts"]
+
+
+def test_cpu_team_is_woken_once_per_experts_op_with_cpu_experts(checkpoints, reference, monkeypatch):
+    """`cpu_wake` (default on): every experts op that computes experts on the CPU first wakes the CPU's thread team,
+    once, before its routing read; ops without CPU experts do not; off, nothing is woken; tokens are HF's either
+    way."""
+    import liac.runtime.executor as executor
+
+    calls = []
+    monkeypatch.setattr(executor._CpuTeamWake, "__call__", lambda self: calls.append(1))
+    directory, cfg = checkpoints("mixtral")
+    _, _, tokens, _ = reference("mixtral")
+    for wake in (True, False):
+        engine = Engine.from_plan(_plan(cfg, "mixed"), directory, backend=make_test_backend("emulated"),
+                                  dtype=torch.float32, cpu_wake=wake)
+        calls.clear()
+        out = engine.generate(PROMPT, NEW_TOKENS)
+        assert torch.equal(out.token_ids, tokens)
+        passes = {"prefill": 1, "decode": NEW_TOKENS - 1}
+        expected = sum(passes[phase] for phase in passes for op in engine.schedule.phases[phase].ops
+                       if op.kind == "experts" and op.experts.cpu)
+        assert expected and len(calls) == (expected if wake else 0)
+        assert any(op.kind == "experts" and not op.experts.cpu for op in engine.schedule.phases["decode"].ops)
+
+
+def test_cpu_team_wake_engages_every_thread():
+    """The wake is one parallel op with a chunk per intra-op thread (torch's grain), on a buffer made once."""
+    import liac.runtime.executor as executor
+
+    wake = executor._CpuTeamWake()
+    threads = torch.get_num_threads()
+    wake()
+    if threads < 2:
+        assert wake.buffer is None
+        return
+    assert wake.buffer.numel() == threads * executor._CpuTeamWake.GRAIN and bool((wake.buffer == 0).all())
+    buffer = wake.buffer
+    wake()
+    assert wake.buffer is buffer
