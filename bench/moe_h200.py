@@ -15,8 +15,10 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
                 and bench/h200.py run: CUDA context, library workspaces, the activation factor of small runs, here
                 with a small Mixtral among the probes) → summary.json 'footprint' and its fields in run-profile.yaml
   2. rates      liac.probe.measure_rates (≈10 s): CPU GEMV (on one expert's own matrices, [2F, D] and [D, F]: the
-                kernel the CPU experts run), KV read, pinned H2D/D2H, DDR shared → rates.json and run-profile.yaml:
-                the shipped h200-amx16 profile with what stages 1 and 2 measured
+                kernel the CPU experts run), KV read, pinned H2D/D2H, DDR shared; and liac.probe.expert_rates
+                (≈5 s): one expert at one row back to back, after a 5 ms idle pause, woken after it, and woken beside
+                another expert's pinned copy (cpu_expert_beside_copy_gb_per_s, Eq. 21c) → rates.json and
+                run-profile.yaml: the shipped h200-amx16 profile with what stages 1 and 2 measured
   3. compile    per contender, one plan per batch (prompt --prompt-len, --gen-len new tokens) for the GPU budget,
                 for run-profile.yaml: 'optimal' (liac's ILP: experts resident / on the CPU / streamed by count,
                 splits allowed), 'experts-cpu' (KTransformers' and llama.cpp --n-cpu-moe's placement: the experts
@@ -37,7 +39,8 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
   7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json
 `--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
 `--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
-`--share-ab` each optimum again with its expert share kept at the load-time ratio (the default follows the CPU).
+`--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
+ratio), `--wake-ab` each optimum again without waking the CPU's thread team before its experts ops (cpu_wake=False).
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
@@ -266,7 +269,7 @@ class MoeBench:
 
     def rates(self) -> None:
         from liac.fileio import write_atomic
-        from liac.probe import ProbeSizes, measure_rates
+        from liac.probe import ProbeSizes, expert_rates, measure_rates
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
             weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3)
@@ -274,7 +277,12 @@ class MoeBench:
         D, F = self.cfg.hidden_size, self.cfg.ffn_dim
         sizes = dataclasses.replace(sizes, gemv_shapes=((2 * F, D), (D, F)))
         began = time.monotonic()
-        rates = {k: round(v, 3) for k, v in measure_rates(sizes, use_gpu=False if self.args.emulate else None).items()}
+        use_gpu = False if self.args.emulate else None
+        measured = measure_rates(sizes, use_gpu=use_gpu)
+        # the expert kernel as the runtime runs it at batch 1: back to back, after an idle pause, and after the pause
+        # beside another expert's copy (cpu_expert_beside_copy_gb_per_s: Eq. 21c's rate, into run-profile.yaml)
+        measured.update(expert_rates(D, F, sizes.rotate_bytes * 2 // 3, sizes.repeats, use_gpu=use_gpu))
+        rates = {k: round(v, 3) for k, v in measured.items()}
         self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}")
         write_atomic(self.out / "rates.json", json.dumps(rates, indent=1, sort_keys=True) + "\n")
         update_run_profile(self.profile, BASE_PROFILE, rates, "bench/moe_h200.py rates, in the same call as the runs",
@@ -356,6 +364,12 @@ class MoeBench:
             at = names.index(f"optimal:b{batch}") + 1
             specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="auto"))
             names.insert(at, f"optimal@auto:b{batch}")
+        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if getattr(self.args, "wake_ab", False) else ():
+            # the optimum again without waking the CPU's thread team before its experts ops' routing read
+            # (runtime/executor.py `_CpuTeamWake`), right after its run with the engine's default (woken)
+            at = names.index(f"optimal:b{batch}") + 1
+            specs.insert(at, dataclasses.replace(specs[at - 1], cpu_wake=False))
+            names.insert(at, f"optimal@nowake:b{batch}")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -479,7 +493,8 @@ class MoeBench:
                    "floor_decode_ms_per_token": None, "floor_prefill_ms": None,
                    "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
                    "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu"),
-                   "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share")}
+                   "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share"),
+                   "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", True)}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -503,6 +518,11 @@ class MoeBench:
                     print(f"{'':>17} {'':>5}   expert share: CPU s per expert over PCIe's {share['at_load']} at "
                           f"load, {share['now']} at the end ({'following the CPU' if share['adapt'] else 'kept'}; "
                           f"{share['cpu_parts_observed']} CPU parts, {share['probes']} probes)")
+                decode = (row["experts"] or {}).get("decode") or {}
+                if decode.get("cpu_experts"):
+                    print(f"{'':>17} {'':>5}   CPU experts in the timed decode steps: {decode['cpu_experts']} in "
+                          f"{decode['cpu_parts']} CPU parts, {decode['cpu_ms']:.1f} ms, {decode['cpu_gb_per_s']} GB/s; "
+                          f"{decode['streamed_experts']} streamed (CPU team woken: {row['cpu_wake']})")
                 if row.get("batch1_experts_model_ms"):
                     print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
                         f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))
@@ -570,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-threads", type=int, default=0,
                         help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
                              "per core); the peers' processes keep their default")
+    parser.add_argument("--wake-ab", action="store_true",
+                        help="run each optimum again right after itself without waking the CPU's thread team before "
+                             "its experts ops (Engine cpu_wake=False), beside the default (woken)")
     parser.add_argument("--share-ab", action="store_true",
                         help="run each optimum again right after it with the expert share following the CPU parts "
                              "(Engine expert_share='auto'), beside the default measured at load and kept ('load')")

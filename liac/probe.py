@@ -23,8 +23,9 @@ import torch.nn.functional as F
 
 from liac.sizes import GB, GIB, MIB
 
-__all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "attention_curve", "split_sync_seconds",
-           "GEMM_ROWS", "ATTENTION_QUERIES"]
+__all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "expert_rates", "attention_curve",
+           "split_sync_seconds", "GEMM_ROWS", "ATTENTION_QUERIES", "EXPERT_IDLE_SECONDS",
+           "EXPERT_ROUTE_SECONDS"]
 
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
 ATTENTION_QUERIES = (16, 128, 512, 2048)  # the CPU attention curve's Q points (prefill: context = query)
@@ -306,6 +307,102 @@ def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, f
         cpu_rates.append(read / cpu_seconds / GB)
         h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / GB)
     return statistics.median(cpu_rates), statistics.median(h2d_rates)
+
+
+EXPERT_IDLE_SECONDS = 0.005  # the pause before each expert in the idle cases: a layer's GPU work at batch 1
+EXPERT_ROUTE_SECONDS = 0.0003  # between the wake and the expert: the routing read on the host
+
+
+def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use_gpu: bool | None = None,
+                 idle_seconds: float = EXPERT_IDLE_SECONDS) -> dict[str, float]:
+    """GB/s of expert weights the CPU reads running an MoE expert as the runtime's CPU experts do at batch 1: one
+    SwiGLU expert (liac.models.mixtral.expert_ffn: gate_up [2F, D], then down [D, F]) at one row, over rotated
+    bf16 experts (none cached) page-locked as the runtime's host arena is, with the faster of F.linear and torch.mv
+    (the engine's `choose_cpu_linear` choice), in three cases:
+
+    - `cpu_expert_gb_per_s`: back to back (the rates stage's GEMV on these shapes, through the expert's code);
+    - `cpu_expert_after_idle_gb_per_s`: each expert after `idle_seconds` with the CPU idle (at batch 1 a layer's
+      CPU part follows its attention and router on the GPU; the OpenMP team may sleep between);
+    - `cpu_expert_after_idle_woken_gb_per_s`: the same, with the team woken at the end of the pause and the expert
+      `EXPERT_ROUTE_SECONDS` later, as the runtime's experts op does (runtime/executor.py `_CpuTeamWake`, before
+      its routing read);
+    - `cpu_expert_beside_copy_gb_per_s` (CUDA only): as the previous, with another expert's weights copied to the
+      GPU beside it (pinned H2D, launched just before: a batch-1 split experts unit, one routed expert on each
+      side; Eq. 21c's rate); `h2d_beside_expert_gb_per_s`, that copy's rate.
+
+    Only the expert's own seconds count (not the pauses). Each case takes the median of `repeats` rounds over the
+    rotated experts, after a warm-up round."""
+    from liac.models.mixtral import expert_ffn
+
+    gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
+    one = 3 * hidden * ffn * 2  # bytes of one bf16 expert
+    count = min(32, max(3, -(-rotate_bytes // one)))  # ≥ 3 GB of a real model's experts fit well under the cap
+    gate_up = [_random(2 * ffn, hidden, scale=0.02) for _ in range(count)]
+    down = [_random(hidden, ffn, scale=0.02) for _ in range(count)]
+    x = torch.randn(1, hidden, dtype=torch.bfloat16)
+    registered = []
+    if gpu:  # page-locked as the runtime's arena (cudaHostRegister), so the copies are DMA
+        for t in (*gate_up, *down):
+            if int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)) == 0:
+                registered.append(t)
+
+    def mv(x, w, bias):
+        return torch.mv(w, x[0])[None]
+
+    team = torch.empty(max(1, torch.get_num_threads()) * 32768, dtype=torch.float32)  # a chunk per thread
+
+    def rounds(linear, idle: float = 0.0, copy=None, wake: bool = False) -> float:
+        seconds = []
+        with torch.inference_mode():
+            for round_ in range(repeats + 1):
+                total = 0.0
+                for e in range(count):
+                    if idle:
+                        time.sleep(idle)
+                    if wake:
+                        team.zero_()  # one parallel op: every thread of the team runs a chunk
+                        time.sleep(EXPERT_ROUTE_SECONDS)
+                    if copy is not None:
+                        copy((e + 1) % count)
+                    began = time.perf_counter()
+                    expert_ffn(gate_up[e], down[e], x, linear)
+                    total += time.perf_counter() - began
+                    if copy is not None:
+                        torch.cuda.synchronize()
+                if round_:  # the first: oneDNN's kernel choice, first touch
+                    seconds.append(total)
+        return count * one / statistics.median(seconds) / GB
+
+    try:
+        kernels = {"F.linear": F.linear, "torch.mv": mv}
+        alone = {name: rounds(kernel) for name, kernel in kernels.items()}
+        name = max(alone, key=alone.get)
+        out = {"cpu_expert_gb_per_s": alone[name],
+               "cpu_expert_after_idle_gb_per_s": rounds(kernels[name], idle_seconds),
+               "cpu_expert_after_idle_woken_gb_per_s": rounds(kernels[name], idle_seconds, wake=True)}
+        if gpu:
+            stream = torch.cuda.Stream()
+            staged = [torch.empty_like(gate_up[0], device="cuda"), torch.empty_like(down[0], device="cuda")]
+            events = []
+
+            def copy(e: int) -> None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(stream):
+                    start.record(stream)
+                    staged[0].copy_(gate_up[e], non_blocking=True)
+                    staged[1].copy_(down[e], non_blocking=True)
+                    end.record(stream)
+                events.append((start, end))
+
+            out["cpu_expert_beside_copy_gb_per_s"] = rounds(kernels[name], idle_seconds, copy, wake=True)
+            torch.cuda.synchronize()
+            copies = events[count:]  # after the warm-up round
+            out["h2d_beside_expert_gb_per_s"] = len(copies) * one / (
+                sum(a.elapsed_time(b) for a, b in copies) / 1e3) / GB
+        return out
+    finally:
+        for t in registered:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
 
 
 def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, float]:

@@ -73,3 +73,21 @@ def test_the_gemv_rate_reads_each_shape_with_its_own_input():
     weights = [torch.zeros(8, 4, dtype=torch.bfloat16), torch.zeros(4, 6, dtype=torch.bfloat16)]
     for kernel in ("F.linear", "torch.mv"):
         assert probe._gemv_rate(weights, kernel, 1) > 0
+
+
+def test_expert_rates_time_the_expert_kernel_back_to_back_and_after_idle(monkeypatch):
+    """`expert_rates` on the CPU (no copy beside it without CUDA): the expert kernel's rate back to back, after an
+    idle pause before each expert (each of the rotated experts, in the warm-up round and every timed round), and
+    after the pause with the team woken, all positive; the pauses are outside the timed expert (here they record
+    instead of sleeping)."""
+    import liac.probe as probe
+
+    pauses = []
+    monkeypatch.setattr(probe.time, "sleep", pauses.append)
+    rates = probe.expert_rates(64, 128, 1, repeats=2, use_gpu=False, idle_seconds=0.05)
+    assert set(rates) == {"cpu_expert_gb_per_s", "cpu_expert_after_idle_gb_per_s",
+                          "cpu_expert_after_idle_woken_gb_per_s"}
+    assert all(v > 0 for v in rates.values())
+    # 3 experts (the least rotated), a warm-up round and 2 timed ones: idle, then idle with the team woken and the
+    # routing read's pause after the wake
+    assert pauses == [0.05] * 9 + [0.05, probe.EXPERT_ROUTE_SECONDS] * 9

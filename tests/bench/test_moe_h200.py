@@ -162,3 +162,40 @@ def test_share_ab_runs_each_optimum_again_with_the_share_following_the_cpu(tmp_p
         ("optimal-1.yaml", None, None), ("optimal-1.yaml", "auto", None), ("optimal-1.yaml", None, 15),
         ("experts-cpu-1.yaml", None, None), ("optimal-8.yaml", None, None), ("optimal-8.yaml", "auto", None),
         ("experts-cpu-8.yaml", None, None)]
+
+
+def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatch):
+    """The rates stage adds the expert kernel's rates (liac.probe.expert_rates on the model's own expert shapes) to
+    rates.json, and their beside-copy rate (Eq. 21c's) to run-profile.yaml, where the compile stage reads it."""
+    bench = _bench(tmp_path)
+    seen = []
+
+    def experts(hidden, ffn, rotate_bytes, repeats=3, use_gpu=None):
+        seen.append((hidden, ffn, use_gpu))
+        return {"cpu_expert_gb_per_s": 40.0, "cpu_expert_after_idle_gb_per_s": 31.0,
+                "cpu_expert_beside_copy_gb_per_s": 27.5, "h2d_beside_expert_gb_per_s": 50.0}
+
+    monkeypatch.setattr("liac.probe.measure_rates", lambda sizes, use_gpu=None: {"cpu_ddr_read_gb_per_s": 40.5})
+    monkeypatch.setattr("liac.probe.expert_rates", experts)
+    bench.rates()
+    assert seen == [(bench.cfg.hidden_size, bench.cfg.ffn_dim, False)]
+    rates = __import__("json").loads((bench.out / "rates.json").read_text())
+    assert rates["cpu_expert_after_idle_gb_per_s"] == 31.0 and rates["cpu_expert_beside_copy_gb_per_s"] == 27.5
+    profile = load_profile(bench.profile)
+    assert profile.cpu_expert_beside_copy_gb_per_s == 27.5 and profile.cpu_ddr_read_gb_per_s == 40.5
+    assert "cpu_expert_beside_copy_gb_per_s" not in profile.estimates
+
+
+def test_wake_ab_runs_each_optimum_again_without_waking_the_cpu_team(tmp_path, monkeypatch):
+    """`--wake-ab`: right after each optimum the same plan runs with Engine cpu_wake=False, 'optimal@nowake:bN'."""
+    calls = []
+    monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
+    bench = _bench(tmp_path, share_ab=False, wake_ab=True, threads_ab=[], measure_gen_len=4, profile_steps=0,
+                   max_run_seconds=60.0, reserve_s=0.0)
+    bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}
+                              for b in (1, 8) for c in ("optimal", "experts-cpu")]
+    bench.runs()
+    (specs,) = calls
+    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@nowake:b1", "experts-cpu:b1", "optimal:b8",
+                                           "optimal@nowake:b8", "experts-cpu:b8"]
+    assert [s.cpu_wake for s in specs] == [None, False, None, None, False, None]
