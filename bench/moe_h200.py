@@ -364,7 +364,8 @@ class MoeBench:
             at = names.index(f"optimal:b{batch}") + 1
             specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="auto"))
             names.insert(at, f"optimal@auto:b{batch}")
-        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if getattr(self.args, "wake_ab", False) else ():
+        wake_ab = getattr(self.args, "wake_ab", False)
+        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if wake_ab else ():
             # the optimum again without waking the CPU's thread team before its experts ops' routing read
             # (runtime/executor.py `_CpuTeamWake`), right after its run with the engine's default (woken)
             at = names.index(f"optimal:b{batch}") + 1
