@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from liac.models.mixtral import expert_ffn
 from liac.sizes import GB, GIB, MIB
 
 __all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "expert_rates", "attention_curve",
@@ -332,8 +333,6 @@ def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use
 
     Only the expert's own seconds count (not the pauses). Each case takes the median of `repeats` rounds over the
     rotated experts, after a warm-up round."""
-    from liac.models.mixtral import expert_ffn
-
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     one = 3 * hidden * ffn * 2  # bytes of one bf16 expert
     count = min(32, max(3, -(-rotate_bytes // one)))  # ≥ 3 GB of a real model's experts fit well under the cap
