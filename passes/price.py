@@ -607,7 +607,7 @@ class LayerPricer:
                 state = self._add_unit(state, u, tiers[u], hbm_experts, kv_tier, index[:, u], own if u >= shared else None)
                 stack.append(state)
             previous = tiers
-            out[i] = self._finish(state, index, own, kv_tier)
+            out[i] = self._finish(state, index, own, kv_tier, tiers, hbm_experts)
         return out
 
     def _index(self, cpu_permille) -> np.ndarray:
@@ -673,9 +673,66 @@ class LayerPricer:
         return (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
                 yield_seconds)
 
-    def _finish(self, state: tuple, index: np.ndarray, own: dict, kv_tier: str | None = None) -> LayerTime:
+    def _copy_queue(self, index: np.ndarray, kv_tier: str | None, tiers: tuple[str, ...],
+                    hbm_experts: int) -> np.ndarray | None:
+        """Eq. 26 (decode): [P, steps] the seconds the chain runs, per step, from the first host → GPU activation
+        crossing after the layer's staging release through that release (cyclically: the layer's units in order,
+        the next layer's like them, A1), while the copy engine has nothing to copy; 0 where the layer streams no
+        prefetched operand or has no such crossing. None when no placement has one.
+
+        The release (after the last unit that reads the staging buffer) queues the copy of the stream unit two
+        ahead; host → GPU copies of all streams run in the order they were queued on the one copy engine, so the
+        first crossing queued after it waits for that whole copy, and the copy after it is queued only at the next
+        release. A crossing out of a split unit is its join, inside the split op (the release follows it)."""
+        pc, units = self.pc, len(self.pc.units)
+        num = index.shape[0]
+        last = np.full(num, -1, dtype=np.int64)  # the staging buffer's last reader (its release follows it)
+        for u in range(units):
+            if tiers[u] in HOST_TIERS and not pc.units[u].experts:  # routed experts are copied in their op
+                stream = self._unit(u, tiers[u], hbm_experts)["stream"]
+                if stream is not None:
+                    last = np.where(stream[index[:, u]].max(axis=1) > 0, u, last)
+        if (last < 0).all():
+            return None
+        shares = [self.shares[u][index[:, u]] for u in range(units)]
+
+        def position(u):  # [P] u's place in the cyclic order that starts right after the release
+            return (u - last - 1) % units
+
+        first = np.full(num, units, dtype=np.int64)
+        gathered = self._gathered
+        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
+            if copies[0] is None:
+                continue
+            key = ("edge", edge, 0)
+            if key not in gathered:
+                gathered[key] = copies[0][index[:, src] * width + index[:, dst]]
+            crosses = gathered[key].max(axis=1) > 0
+            join = (shares[src] > 0) & (shares[src] < 1)  # a split's CPU part joins the GPU's at its own op
+            at = np.where(join, position(src) + 1, position(dst))
+            first = np.where(crosses & (at < units), np.minimum(first, at), first)
+        first = np.where(last >= 0, first, units)
+        if (first >= units).all():
+            return None
+        inside = [(position(u) >= first)[:, None] for u in range(units)]  # [P, 1] per unit: from it to the release
+        tail = np.zeros((num, 1))
+        for u in range(units):
+            terms = [self._unit(u, tiers[u], hbm_experts)["compute"]]
+            if kv_tier is not None:
+                terms.append(self._kv_write(u, kv_tier))
+            for table in terms:
+                if table is not None:
+                    tail = tail + np.where(inside[u], table[index[:, u]], 0.0)
+        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
+            for table in copies:
+                if table is not None:
+                    tail = tail + np.where(inside[dst], table[index[:, src] * width + index[:, dst]], 0.0)
+        return np.where((first < units)[:, None], tail, 0.0)
+
+    def _finish(self, state: tuple, index: np.ndarray, own: dict, kv_tier: str | None = None,
+                tiers: tuple[str, ...] | None = None, hbm_experts: int = 0) -> LayerTime:
         """Every unit's terms summed (`state`) → the layer's time: the activation copies, then Eqs. 5-9, 18, 20,
-        20a. Only the arrays in `own` (this item's own partial sums) are written to."""
+        20a, 26. Only the arrays in `own` (this item's own partial sums) are written to."""
         costs, pc, phase = self.costs, self.pc, self.phase
         (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
          yield_seconds) = state
@@ -711,6 +768,10 @@ class LayerPricer:
         t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, yield_ddr, stream_ddr, costs.h2d_gb_per_s,
                                           costs.ddr_shared_gb_per_s, yield_seconds)  # Eq. 18
         step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
+        if phase == "decode" and tiers is not None:
+            tail = self._copy_queue(index, kv_tier, tiers, hbm_experts)
+            if tail is not None:  # Eq. 26: the engine copies, then idles through the tail until the next release
+                step_seconds = np.maximum(step_seconds, np.where(tail > 0, t_stream + tail, 0.0))
         staging = staged.max(axis=1)  # Eq. 9: per step (a micro-batch's routed experts pass through the slots)
         # Eq. 8, each sum over a full [P, steps] array, as layer_time always summed
         shape = (num, step_seconds.shape[1] if phase == "prefill" else self.steps)

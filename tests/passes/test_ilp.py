@@ -117,7 +117,10 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
     steps = []  # per step: chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged, yielding DDR, seconds
     for step in range(pc.steps):
         chain = from_ddr = from_cxl = cpu_ddr = cpu = beside = store = staged = yield_ddr = yield_cpu = 0.0
+        own = [0.0] * len(pc.units)  # Eq. 26: each unit's terms on the chain (compute, K, V write, copies into it)
+        readers, crossings = [], []  # units that read the staging buffer; where the chain crosses to the GPU
         for index, unit in enumerate(pc.units):
+            before = chain
             tier, value = unit_tier[index], permille[index]
             yielded = None
             if unit.experts:
@@ -158,37 +161,56 @@ def eval_phase(costs: CostGraph, cls: ClassCosts, phase: str, unit_tier: tuple, 
                 from_cxl += moved
             if tier in ("ddr", "cxl"):
                 staged += slots if unit.experts else moved
+                if moved > 0 and not unit.experts:
+                    readers.append(index)
             if kv_tier == "hbm":
                 chain += part(unit.kv_to_gpu_seconds[step], 1 - gpu_share[index], lat)
             elif kv_tier is not None and phase == "prefill" and not cpu_reads_kv:  # Eq. 20: beside the compute
                 store += part(unit.kv_to_host_seconds[step], gpu_share[index], lat)
             elif kv_tier is not None:
                 chain += part(unit.kv_to_host_seconds[step], gpu_share[index], lat)
+            own[index] += chain - before
         for edge in pc.edges:
             src, dst = gpu_share[edge.src], gpu_share[edge.dst]
             cpu_made, gpu_made = 1 - src, src
             if pc.units[edge.src].experts:  # partial sums: each device that computes experts hands over all of it
                 cpu_made, gpu_made = float(src < 1), float(src > 0)
             if dst > 0:  # the GPU computes (part of) dst: it needs what the CPU made of src
-                chain += part(edge.h2d_seconds[step], cpu_made, lat)
+                copy = part(edge.h2d_seconds[step], cpu_made, lat)
+                chain += copy
+                own[edge.dst] += copy
+                if copy > 0:  # a split's CPU part crosses at its join, inside its own op
+                    crossings.append((edge.src, True) if 0 < src < 1 else (edge.dst, False))
             if dst < 1:
-                chain += part(edge.d2h_seconds[step], gpu_made, lat)
-        steps.append([chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged, yield_ddr, yield_cpu])
+                copy = part(edge.d2h_seconds[step], gpu_made, lat)
+                chain += copy
+                own[edge.dst] += copy
+        # Eq. 26 (decode): after the release (the last reader), the first crossing to the GPU waits for the copy
+        # queued there; the engine then idles through the chain from that crossing to the next release
+        tail = None
+        if phase == "decode" and readers:
+            n = len(pc.units)
+            after = [(u - readers[-1] - 1) % n for u in range(n)]
+            points = [after[u] + 1 if join else after[u] for u, join in crossings]
+            points = [p for p in points if p < n]
+            if points:
+                tail = sum(own[u] for u in range(n) if after[u] >= min(points))
+        steps.append([chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged, yield_ddr, yield_cpu, tail])
     if phase == "prefill" and steps:  # Eq. 20: one pass over the micro-batches, the weights staged once
         repeats = pc.repeats or (1,) * pc.steps
         summed = [sum(r * row[k] for r, row in zip(repeats, steps)) for k in range(10)]
         for k in (1, 2, 7):
             summed[k] = max(row[k] for row in steps)
-        steps = [summed]
+        steps = [summed + [None]]
     total = most = 0.0
-    for chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged, yield_ddr, yield_cpu in steps:
+    for chain, from_ddr, from_cxl, cpu_ddr, cpu, beside, store, staged, yield_ddr, yield_cpu, tail in steps:
         stream = from_ddr / (costs.h2d_gb_per_s * GB) + from_cxl / (costs.cxl_stream_gb_per_s * GB)
         shared = (cpu_ddr + from_ddr) / (costs.ddr_shared_gb_per_s * GB)
         if phase == "prefill":  # Eq. 18c is decode's: in a prefill every CPU kernel's reads yield
             yield_ddr, yield_cpu = cpu_ddr, cpu
         fitted = dma_stretch(chain, cpu, beside, yield_ddr, from_ddr, costs.h2d_gb_per_s * GB,
                              costs.ddr_shared_gb_per_s * GB, yield_cpu)
-        total += max(chain, stream, shared, fitted, store)
+        total += max(chain, stream, shared, fitted, store, stream + tail if tail is not None else 0.0)
         most = max(most, staged)
     return total, math.ceil(most)
 
@@ -728,7 +750,9 @@ def test_opt175b_decode_moves_weight_gemms_to_the_gpu_as_batch_grows(opt175_swee
     # (210 GB/s of DDR reads + 55 GB/s of streaming fit spr-h100's 260 GB/s of shared DDR)
     hw = resolve_profile("spr-h100")
     balance = hw.cpu_ddr_read_gb_per_s / (hw.cpu_ddr_read_gb_per_s + hw.pcie_h2d_gb_per_s)
-    assert balance - 0.05 <= cpu_share[0] <= balance + 0.01
+    # (a little more on the CPU than the balance: the engine idles through each layer's tail after its crossing to
+    # the GPU, Eq. 26, so streaming is worth slightly less)
+    assert balance - 0.05 <= cpu_share[0] <= balance + 0.02
     assert cpu_share[-1] <= 0.05  # B = 2048: the GPU computes them from streamed weights
     assert all(a >= b - 0.02 for a, b in zip(cpu_share, cpu_share[1:]))  # and the move is monotone
     assert shares[2048][1] >= 0.9  # ... while attention stays on the CPU beside the KV cache
@@ -1108,7 +1132,7 @@ def test_no_prefill_split_where_the_h200_measured_it_slower(batch, prompt):
     assert prefill_splits(costs, {"qkv", "fc1"}) == 0
     assert prefill_splits(costs) <= 48 // 4
     with mock.patch.object(costs_module, "prefill_blocks_dma", lambda phase, point: False):
-        assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) >= 40
+        assert prefill_splits(annotate_costs(graph, hw, Workload(batch, prompt, 32), budgets)) >= 36  # most of 48
 
 
 def test_tier_vectors_sharing_placements_share_leading_sums_bit_for_bit():

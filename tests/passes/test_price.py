@@ -15,8 +15,8 @@ from liac.api import compile_plans
 from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
-from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, _unit_options, dma_beside_cpu_seconds, layer_time,
-                               plan_profile, price_plan, unit_prices, unit_times)
+from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, LayerPricer, _unit_options, dma_beside_cpu_seconds,
+                               layer_time, plan_profile, price_plan, unit_prices, unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, TIERS, load_plan
 from liac.profile import profile_names, resolve_profile
@@ -65,31 +65,90 @@ def test_layer_time_is_the_max_of_chain_stream_and_shared_ddr():
 
 
 def _whole_layer_by_hand(costs, dec, placement) -> float:
-    """Eqs. 4-7, 18 and 25 summed by hand for whole units (1 = GPU, 0 = CPU), everything in DDR: a decode attention
-    unit on the CPU whose partner is on the GPU takes its apart prices (`cpu_apart_*`)."""
+    """Eqs. 4-7, 18, 25 and 26 summed by hand for whole units (1 = GPU, 0 = CPU), everything in DDR: a decode
+    attention unit on the CPU whose partner is on the GPU takes its apart prices (`cpu_apart_*`)."""
     pc = dec.decode
     score, context = (i for i, u in enumerate(pc.units) if u.cpu_apart_seconds)
     apart = {score: placement[context] == 1, context: placement[score] == 1}
     total = 0.0
     for step in range(pc.steps):
-        chain = stream = cpu_read = cpu = beside = 0.0
+        stream = cpu_read = cpu = beside = 0.0
+        own = [0.0] * len(pc.units)  # each unit's terms on the chain: its compute, K, V write, the copies into it
         for i, u in enumerate(pc.units):
             if placement[i]:
-                chain += u.gpu_seconds[step] + u.kv_to_host_seconds[step]
+                own[i] += u.gpu_seconds[step] + u.kv_to_host_seconds[step]
                 stream += u.stream_bytes[step]
                 continue
             alone = apart.get(i, False)
             seconds = (u.cpu_apart_seconds if alone else u.cpu_seconds)[1][step]
-            chain += seconds
+            own[i] += seconds
             cpu += seconds
             beside += (u.cpu_apart_beside_bytes if alone else u.cpu_beside_bytes)[1][step]
             cpu_read += (u.cpu_apart_read_bytes if alone else u.cpu_read_bytes)[step]
+        crossings = []
         for e in pc.edges:
             if placement[e.src] != placement[e.dst]:
-                chain += e.h2d_seconds[step] if placement[e.dst] else e.d2h_seconds[step]
-        total += max(chain, stream / (costs.h2d_gb_per_s * GB), (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
-                     by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+                own[e.dst] += e.h2d_seconds[step] if placement[e.dst] else e.d2h_seconds[step]
+                if placement[e.dst]:
+                    crossings.append(e.dst)
+        chain = sum(own)
+        h = costs.h2d_gb_per_s * GB
+        step_seconds = max(chain, stream / h, (stream + cpu_read) / (costs.ddr_shared_gb_per_s * GB),
+                           by_hand_fit(chain, cpu, beside, cpu_read, stream, costs))
+        # Eq. 26: the release follows the last streamed unit; the first crossing to the GPU after it (cyclically)
+        # waits for the copy queued there, and the engine idles until the release: from that crossing's unit on
+        readers = [i for i, u in enumerate(pc.units) if placement[i] and u.stream_bytes[step] > 0]
+        if readers and crossings:
+            n = len(pc.units)
+            after = [(i - readers[-1] - 1) % n for i in range(n)]
+            first = min(after[i] for i in crossings)
+            step_seconds = max(step_seconds, stream / h + sum(own[i] for i in range(n) if after[i] >= first))
+        total += step_seconds
     return total
+
+
+def test_a_crossing_queued_behind_the_copy_idles_the_engine_until_the_release(monkeypatch):
+    """Eq. 26: host → GPU copies run one at a time, in the order queued. The release after a layer's last streamed
+    unit queues the copy two layers ahead; the first activation crossing to the GPU after it (the next layer's CPU
+    work handing over) waits for that whole copy, and the engine then idles until the next release: a decode
+    step is at least the stream plus the chain from that crossing to the release. A layer with no crossing (all on
+    the GPU) is Eq. 7 alone, and a split's join crosses inside its own op, before the release."""
+    hw = dataclasses.replace(HW, pcie_h2d_gb_per_s=0.5)  # stream-bound: the tiny model's copies take longest
+    costs = costs_for(batch=4, hw=hw)
+    dec = costs.layer_class("decoder")
+    pc = dec.decode
+    ddr = ("ddr",) * 6
+
+    def without_queue(tiers, permille):
+        with monkeypatch.context() as patch:
+            patch.setattr(LayerPricer, "_copy_queue", lambda *args: None)
+            return layer_time(costs, dec, "decode", tiers, np.array([permille])).seconds[0]
+
+    # CPU qkv (and attention: LIA's partial policy the other way round), the rest streamed to the GPU
+    for placement in [(0, 1, 1, 1, 1, 1), (0, 0, 0, 1, 1, 1), (1, 0, 0, 1, 1, 1)]:  # 1 = GPU
+        permille = [1000 * (1 - on_gpu) for on_gpu in placement]
+        priced = layer_time(costs, dec, "decode", ddr, np.array([permille])).seconds[0]
+        assert priced == pytest.approx(_whole_layer_by_hand(costs, dec, placement), rel=1e-12)
+        assert priced > without_queue(ddr, permille) * (1 + 1e-9)  # the term binds here
+        # the stream plus the GPU units from the first one after the CPU's (its crossing) to fc2 (the release)
+        first = placement.index(1, placement.index(0))
+        tail = [sum(pc.units[i].gpu_seconds[t] + pc.units[i].kv_to_host_seconds[t] for i in range(first, 6))
+                + sum(e.h2d_seconds[t] if placement[e.src] == 0 else 0.0 for e in pc.edges if e.dst >= first)
+                for t in range(pc.steps)]
+        streamed = [sum(pc.units[i].stream_bytes[t] for i in range(6) if placement[i]) for t in range(pc.steps)]
+        assert priced == pytest.approx(sum(b / (0.5 * GB) + x for b, x in zip(streamed, tail)), rel=1e-12)
+    # all on the GPU: nothing crosses to it, Eq. 7 alone (LIA's GPU policy)
+    assert layer_time(costs, dec, "decode", ddr, np.array([(0,) * 6])).seconds[0] == without_queue(ddr, (0,) * 6)
+    # fc1 split and the last streamed unit, its CPU share joined inside the split op: no crossing after the release
+    tiers = ("hbm", "hbm", "hbm", "hbm", "ddr", "hbm")
+    split = (0, 0, 0, 0, costs.split_permille[0], 0)
+    assert layer_time(costs, dec, "decode", tiers, np.array([split])).seconds[0] == without_queue(tiers, split)
+    # prefill stages its weights once for the pass: no term there
+    rows = np.array([(1000, 0, 0, 0, 0, 0)])
+    with monkeypatch.context() as patch:
+        patch.setattr(LayerPricer, "_copy_queue", lambda *args: None)
+        plain = layer_time(costs, dec, "prefill", ddr, rows).seconds[0]
+    assert layer_time(costs, dec, "prefill", ddr, rows).seconds[0] == plain
 
 
 def test_attention_apart_on_the_cpu_by_hand():
@@ -322,8 +381,13 @@ def test_decode_layer_stretches_at_the_pcie_rate_beside_a_cpu_gemv():
         assert deficit > 0  # a case that stretches
         slow = max(terms["yield_read"] / (s - h) - terms["yield_cpu"], 0.0)
         fitted = chain + (deficit / s if deficit <= s * slow else slow + (deficit - s * slow) / h)
+        # Eq. 26: the GPU units after the CPU's (their crossing queued behind the copy, fc2 the last reader)
+        gpu = [i for i, p in enumerate(placement) if p == 0]
+        tail = sum(_unit_options(costs, pc.units[i], tiers[i], np.array([0]), pc.steps)["compute"][0][0] for i in gpu)
+        tail += sum(e.h2d_seconds[0] for e in pc.edges if e.dst in gpu and e.src not in gpu)
         assert priced.seconds[0] == pytest.approx(
-            max(chain, terms["stream"] / h, (terms["read"] + terms["stream"]) / s, fitted), rel=1e-12)
+            max(chain, terms["stream"] / h, (terms["read"] + terms["stream"]) / s, fitted, terms["stream"] / h + tail),
+            rel=1e-12)
         stretched[placement[1]] = (terms["yield_read"], slow, fitted - chain, deficit)
     read, slow, stretch, deficit = stretched[0]
     assert read == 0 and slow == 0 and stretch == pytest.approx(deficit / min(h, s))  # the GEMV alone: no yield
