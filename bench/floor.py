@@ -21,8 +21,12 @@ no per-model table):
         CPU:  x_w / r_cw + x_k / r_ck ≤ t     r_cw = min(DDR read rate, AMX FLOP/s at the step's rows / FLOPs per
                                                weight byte), r_ck likewise with the KV read rate
         PCIe: (N_w − x_w + N_k − x_k) / r_h2d ≤ t
-        DDR:  (N_w + N_k) / r_shared ≤ t     (both paths read the same DDR: the profile's shared rate caps them)
-    so with one kind of bytes: offload = N / min(r_cpu + r_h2d, r_shared).
+    so with one kind of bytes: offload = N / (r_cpu + r_h2d): both paths at once, each at its own measured rate.
+    The profile's `ddr_shared_gb_per_s` does not cap them: it is what DDR served a CPU GEMV beside pinned H2D copies
+    (the rates probe: the GEMV's rate beside the copies plus theirs), a property of that pair of readers, not DDR's
+    limit. On the H200 the fused CPU attention beside the weight stream drew 113 GB/s (OPT-30B, prompt 1024, batch
+    32: 85 GB a step in 748-754 ms) where the probe measured 97, and the floor capped at 97 (824 ms) lay above both
+    runs (bench/results/h200-2026-12-02/i12q).
   * step floor = max(offload, (W·R/W_store + f·K) / HBM rate, F / (GPU FLOP/s + CPU FLOP/s),
                      prefill only: (1 − f)·KV written / D2H rate). Prefill attention reads the K, V it has just
     produced, not the cache: there N_k = 0 and all of K counts in the HBM term.
@@ -135,12 +139,13 @@ def step_work(graph, hw, batch: int, query: int, context: int, head_query: int |
 
 
 def offload_seconds(weight_bytes: float, kv_bytes: float, cpu_weight_seconds_per_byte: float,
-                    cpu_kv_seconds_per_byte: float, h2d_bytes_per_s: float, shared_bytes_per_s: float) -> float:
+                    cpu_kv_seconds_per_byte: float, h2d_bytes_per_s: float,
+                    shared_bytes_per_s: float = math.inf) -> float:
     """The least time to move `weight_bytes` + `kv_bytes` out of DDR over the CPU and PCIe at once (module docstring).
 
     In time t the CPU takes the kind it reads fastest first, so what it can take is piecewise linear and concave in
-    t; PCIe takes t·r_h2d. The least t where both together cover every byte is found piece by piece, then the shared
-    DDR rate caps the sum.
+    t; PCIe takes t·r_h2d. The least t where both together cover every byte is found piece by piece; a DDR rate
+    `shared_bytes_per_s`, when given, caps the sum (the floor gives none: the module docstring says why).
     """
     total = weight_bytes + kv_bytes
     if total <= 0:
@@ -175,8 +180,7 @@ def step_floor(work: StepWork, hw, resident_weight_bytes: float, kv_share: float
     resident_kv = work.kv_read_bytes if prefill else kv_share * work.kv_read_bytes
     terms = {
         "offload": offload_seconds(offloaded_weights, offloaded_kv, work.cpu_weight_seconds_per_byte,
-                                   work.cpu_kv_seconds_per_byte, hw.pcie_h2d_gb_per_s * 1e9,
-                                   hw.ddr_shared_gb_per_s * 1e9),
+                                   work.cpu_kv_seconds_per_byte, hw.pcie_h2d_gb_per_s * 1e9),
         "hbm": (resident_read + resident_kv) / (hw.gpu_hbm_gb_per_s * 1e9),
         "compute": work.flops / (hw.gpu_bf16_tflops * 1e12 + work.cpu_tflops * 1e12),
     }
