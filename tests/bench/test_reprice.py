@@ -81,7 +81,8 @@ def test_reprice_with_the_calls_own_profile_gives_the_plans_predictions():
     on the CPU (a plan with CPU work in its prefill now prices higher: Eq. 18a's prefill case, no DMA beside the
     CPU's many-row kernels), but for Eq. 25 (added since): a plan that runs decode attention apart, its CPU half over
     the cache's capacity at the GEMV rate, re-prices its decode higher on this host (GEMV 46.8 GB/s, the fused
-    kernel 65.8); the term adds to every plan, and more to a plan with split units."""
+    kernel 65.8); the term adds to every plan, and more to a plan with split units. Eq. 26 (added since) prices the
+    crossings queued behind the weight copies, which the whole plans at b8 and b64 had in every layer."""
     from liac.profile import resolve_profile
 
     profile = resolve_profile(str(CALL / "run-profile.yaml"))
@@ -95,10 +96,11 @@ def test_reprice_with_the_calls_own_profile_gives_the_plans_predictions():
     cpu_prefills = 0
     for row in rows:
         if apart[row["plan"]]:
-            assert row["planned_decode_ms"] < row["repriced_decode_ms"] < 1.10 * row["planned_decode_ms"]
+            assert row["planned_decode_ms"] < row["repriced_decode_ms"] <= row["measured_decode_ms"] * 1.02
         else:
-            # Eqs. 1b and 18c (added since) move these by up to 7 %, each toward what the call measured
-            assert 0.995 * row["planned_decode_ms"] <= row["repriced_decode_ms"] <= 1.07 * row["planned_decode_ms"]
+            # Eqs. 1b, 18c and 26 (added since) move these, each toward what the call measured (Eq. 26 by up to a
+            # third: the whole plans at b8 and b64, 407 → 538 and 553 → 648 ms, measured 544 and 679)
+            assert 0.995 * row["planned_decode_ms"] <= row["repriced_decode_ms"] <= row["measured_decode_ms"] * 1.02
             assert (abs(row["repriced_decode_ms"] - row["measured_decode_ms"])
                     <= abs(row["planned_decode_ms"] - row["measured_decode_ms"]) + 0.5)
         plan = plans[row["plan"]]
