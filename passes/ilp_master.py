@@ -521,10 +521,20 @@ def _solve_level_ilp(costs, configs, columns, level: LevelProblem, options: Solv
             return LevelSolution(np.inf, {}), cutoff, True  # nothing below the cutoff (or nothing at all)
         return LevelSolution(np.inf, {}), _relaxed_bound(costs, configs, level, useful, options), False
     value = float(pulp.value(problem.objective))
+    proven = problem.sol_status == pulp.LpSolutionOptimal
     if not beats(value, cutoff):
-        return LevelSolution(np.inf, {}), cutoff, True  # stopped at the cutoff: nothing better
+        if proven:
+            return LevelSolution(np.inf, {}), cutoff, True  # searched to the end: nothing below the cutoff
+        # Stopped by the node limit with a plan no better than the cutoff: that proves nothing about the plans
+        # below it (HiGHS reports the incumbent it has; the cutoff only prunes); only the solver's bound does.
+        bound = _solver_bound(problem, name)
+        if bound is None:
+            bound = _relaxed_bound(costs, configs, level, useful, options)
+        if not beats(bound, cutoff):
+            return LevelSolution(np.inf, {}), cutoff, True
+        return LevelSolution(np.inf, {}), bound, False
     counts = {key: int(round(var.value() or 0)) for key, var in count.items() if round(var.value() or 0)}
-    if problem.sol_status == pulp.LpSolutionOptimal:
+    if proven:
         return LevelSolution(value, counts), value, True
     bound = _solver_bound(problem, name)
     return (LevelSolution(value, counts),

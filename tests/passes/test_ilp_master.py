@@ -112,3 +112,37 @@ def test_a_cutoff_prunes_without_changing_the_optimum(name, costs):
     assert at.counts is None
     assert certified_bound(costs, configs, at.certificate) >= expected * (1 - 2e-9)
     assert certified_bound(costs, configs, at.certificate) <= expected * (1 + 1e-9)
+
+
+def test_a_node_limited_stop_above_the_cutoff_does_not_close_the_level(monkeypatch):
+    """HiGHS stopped by its node limit reports the incumbent it has, even one worse than the cutoff: that proves
+    nothing about the plans below the cutoff, so the level stays open with the solver's bound (it once closed
+    levels that held a better plan: llama-3.1-405b spr-h100-cxl batch 1, 'optimal' at 150.7757 s where
+    150.7642 s fits). Here the solve finds the level's optimum, then reports it as a node-limited incumbent one
+    second worse; the answer must be 'not settled', with the solver's bound (at most the optimum)."""
+    costs = dict(_instances())["opt-66b"]
+    configs = _configs(costs)
+    columns = ilp_master._columns(costs, configs)
+    levels = np.array(ilp_master._staging_levels(configs), dtype=np.int64)
+    tiers = ilp_master._tiers_that_can_bind(costs, configs)
+    level = ilp_master._level_problem(costs, levels.size - 1, levels.size - 1, levels, tiers)
+    real = ilp_master._solve
+    solved = []
+
+    def node_limited(problem, solver):
+        assert real(problem, solver)
+        solved.append(pulp.value(problem.objective))
+        problem.objective += 1.0  # the incumbent it reports: a second worse than the optimum it bounds
+        problem.sol_status = pulp.LpSolutionIntegerFeasible
+        return True
+
+    monkeypatch.setattr(ilp_master, "_solve", node_limited)
+    options = SolverOptions(solver="highs")
+    found, bound, settled = ilp_master._solve_level_ilp(costs, configs, columns, level, options, np.inf, 10)
+    optimum = solved[0]
+    found, bound, settled = ilp_master._solve_level_ilp(costs, configs, columns, level, options, optimum + 0.5, 10)
+    assert not settled and not found.counts
+    assert bound <= optimum * (1 + 1e-9)  # what the solver proved: a lower bound, not the cutoff
+    # a bound no lower than the cutoff does close it
+    found, bound, settled = ilp_master._solve_level_ilp(costs, configs, columns, level, options, optimum, 10)
+    assert settled and not found.counts
