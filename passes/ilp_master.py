@@ -145,6 +145,7 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     """
     budgets = costs.budgets
     problem = pulp.LpProblem("placement", pulp.LpMinimize)
+    tight = not elastic and _tight(costs)
     count = {}
     objective = []
     memory = {"hbm": [], "ddr": [], "cxl": []}
@@ -177,6 +178,10 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
             if config.uses_gpu:
                 workers.append((cls.workspace_bytes / GIB, var, cls.layer_class, cls.count))
         problem += pulp.lpSum(offered) == cls.count, f"layers[{cls.layer_class}]"  # Eq. 10
+        if tight and cls.count > 1 and not relax:
+            _aggregate(problem, cls.layer_class, cls.count, [(options[index], count[(cls.layer_class, index)])
+                                                             for index in indices
+                                                             if (cls.layer_class, index) in count])
     if staging_level is None:
         staging = _levels(problem, "staging", stagers)
     else:
@@ -206,6 +211,40 @@ def _build(costs: CostGraph, configs: dict[str, list[LayerConfig]], elastic: boo
     else:
         problem += pulp.lpSum(objective)  # Eq. 13
     return problem, count, slack
+
+
+# The budgets of all tiers together leave fewer spare bytes than this many decoder layers hold: every tier is
+# nearly full, and the level problems get the unit counts of `_aggregate`.
+TIGHT_LAYERS = 4
+
+
+def _tight(costs: CostGraph) -> bool:
+    """Whether the budgets of all tiers together hold the model's weights, KV cache and host workspace with fewer
+    than TIGHT_LAYERS decoder layers' bytes to spare (then nearly every byte has one tier it can go to)."""
+    need = sum((sum(cls.weight_bytes) + cls.kv_cache_bytes) * cls.count for cls in costs.classes)
+    need += max(cls.host_workspace_bytes for cls in costs.classes) - costs.tied_weight_bytes
+    have = costs.budgets.hbm_bytes + costs.budgets.ddr_bytes + costs.budgets.cxl_bytes
+    layer = max((sum(cls.weight_bytes) + cls.kv_cache_bytes for cls in costs.classes if cls.count > 1), default=0)
+    return have - need < TIGHT_LAYERS * layer
+
+
+def _aggregate(problem, layer_class: str, layers: int, offered: list[tuple[LayerConfig, object]]) -> None:
+    """Integer unit counts beside the configuration counts: per (unit, tier) and (KV cache, tier), how many of the
+    class's layers keep it there, y = Σ of the counts of the configurations that do. Every y is a sum of integer
+    counts, so the rows add no constraint and leave the optimum as it is; they give the ILP solver something to
+    branch on where nearly full tiers make the configuration counts alone a market-split problem (many
+    configurations whose bytes differ by a unit's size or less: branching on one count barely moves the bound,
+    branching on how many layers keep fc1 in CXL does)."""
+    members: dict = {}
+    for config, var in offered:
+        for unit, tier in enumerate(config.weights):
+            if tier != "none":
+                members.setdefault((str(unit), tier), []).append(var)
+        if config.kv_cache != "none":
+            members.setdefault(("kv", config.kv_cache), []).append(var)
+    for (unit, tier), vars_ in sorted(members.items()):
+        y = problem.add_variable(f"y[{layer_class},{unit},{tier}]", lowBound=0, upBound=layers, cat="Integer")
+        problem += y == pulp.lpSum(vars_), f"units[{layer_class},{unit},{tier}]"
 
 
 def _staging_levels(configs: dict[str, list[LayerConfig]]) -> list[int]:

@@ -146,3 +146,25 @@ def test_a_node_limited_stop_above_the_cutoff_does_not_close_the_level(monkeypat
     # a bound no lower than the cutoff does close it
     found, bound, settled = ilp_master._solve_level_ilp(costs, configs, columns, level, options, optimum, 10)
     assert settled and not found.counts
+
+
+@pytest.mark.parametrize("name, costs", list(_instances()), ids=[n for n, _ in _instances()])
+def test_unit_counts_leave_the_optimum_as_it_is(name, costs, monkeypatch):
+    """The level ILPs with the unit counts of `_aggregate` (offered when every tier is nearly full) find the
+    staircase ILP's optimum, and add one integer per (unit or KV cache, tier) the offered configurations use."""
+    configs = _configs(costs)
+    expected = _staircase(costs, configs)
+    monkeypatch.setattr(ilp_master, "_tight", lambda costs: True)
+    problem, _, _ = ilp_master._build(costs, configs)
+    units = [v for v in problem.variables() if v.name.startswith("y[") or v.name.startswith("y_")]
+    decoder = configs["decoder"]
+    pairs = {(u, t) for c in decoder for u, t in enumerate(c.weights) if t != "none"}
+    pairs |= {("kv", c.kv_cache) for c in decoder if c.kv_cache != "none"}
+    assert len(units) == len(pairs) and all(v.cat == pulp.LpInteger for v in units)
+    if expected is None:
+        with pytest.raises(InfeasibleError):
+            ilp_master.solve_master(costs, configs, SolverOptions())
+        return
+    solution = ilp_master.solve_master(costs, configs, SolverOptions(), diagnose=False)
+    got = sum(configs[cls][index].seconds * n for (cls, index), n in solution.counts.items())
+    assert got == pytest.approx(expected, rel=1e-9)
