@@ -596,10 +596,12 @@ def _roomy_tiers(costs: CostGraph) -> tuple[str, ...]:
 def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) -> tuple[Assignment, SolverReport]:
     """CostGraph → the optimal Assignment and how it was found.
 
-    The decoder's prefill micro-batch is chosen among `costs.microbatches` (Eq. 20): each candidate is solved in
-    turn (fewest micro-batches first; a later one must be strictly better, so the best plan so far is its master
-    search's cutoff), a candidate whose bound without memory limits cannot beat the best plan found being skipped. At one micro-batch, the staging buffer is sized by the
-    largest configuration in use (Eq. 12); the master problem is solved per staging level S (Eq. 12'), best bound
+    The decoder's prefill micro-batch is chosen among `costs.microbatches` (Eq. 20): of the candidates in order of
+    fewest micro-batches, a later one wins only when better by more than 1e-9 (relative). They are solved most
+    micro-batches first (the least workspace: usually the best plan, found first), each with the least objective
+    found so far (plus 3e-9) as its master search's cutoff, which is all the rule needs (`_NEAR`); a candidate
+    whose bound without memory limits cannot beat that is skipped. At one micro-batch, the staging buffer is sized
+    by the largest configuration in use (Eq. 12); the master problem is solved per staging level S (Eq. 12'), best bound
     first: a level whose lower bound (Lagrangian, then its LP relaxation) cannot beat the best plan found is closed
     without solving; the best over all levels is the optimum of Eqs. 10-13.
 
@@ -612,12 +614,19 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
     policy = parse_policy(options.policy)
     candidates = costs.microbatches
     check_capacity(costs.with_prefill(candidates[-1]))  # before the columns: an oversized model fails fast
-    best = None
     lower = np.inf  # the least lower bound proven over the micro-batches solved
     ends = {}  # the embedding's and the head's configurations: the same at every micro-batch
     memo = {}  # the decoder's decode fronts: the same at every micro-batch
-    for position, microbatch in enumerate(candidates):
-        priced = costs.with_prefill(microbatch)
+    found = {}  # position → (assignment, solution, decoder configurations) of the candidates that gave a plan
+    least = np.inf  # the least objective found so far
+    last_problem = None  # the last candidate's (costs, configs): it says why nothing fits, if nothing does
+    # Most micro-batches first: the least workspace, usually the best plan, whose objective then prunes the
+    # others from the start. The winner is the one the rule "in order of fewest micro-batches, a later candidate
+    # replaces the best only when better by more than 1e-9 (relative)" picks (`_first_best`), so a candidate
+    # needs to be found only when it comes within 3e-9 of the least objective: one that does not is never picked
+    # (it is 2e-9 above the least at least, and that candidate, or one the rule kept before it, replaces it).
+    for position in reversed(range(len(candidates))):
+        priced = costs.with_prefill(candidates[position])
         configs = {}
         for cls in priced.classes:
             if cls.layer_class != "decoder":
@@ -628,29 +637,33 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
             else:
                 configs[cls.layer_class] = layer_configs(priced, cls, policy, options.max_split_units,
                                                          options.resident_layers, memo)
-        if best is not None and _cannot_improve(_free_bound(priced, configs), best[0].objective_seconds):
-            continue  # its bound is no lower than the best plan's objective
-        last = position == len(candidates) - 1
+        if position == len(candidates) - 1:
+            last_problem = (priced, configs)
+        cutoff = least * (1 + _NEAR) if np.isfinite(least) else np.inf
+        if _free_bound(priced, configs) >= cutoff:
+            continue  # its bound without memory limits is no lower than the cutoff: never picked
         try:
             check_capacity(priced, configs)
-            # Only the last candidate (the least workspace) says why nothing fits, and only if nothing did: the
-            # elastic problems that find the shortfall cost more than the solve.
-            # The best plan so far is the cutoff: only a strictly better one replaces it (below).
-            solution = solve_master(priced, configs, options, diagnose=last and best is None,
-                                    cutoff=np.inf if best is None else best[0].objective_seconds)
+            # The elastic problems that find the shortfall cost more than the solve: only if nothing fits (below).
+            solution = solve_master(priced, configs, options, diagnose=False, cutoff=cutoff)
         except InfeasibleError:
-            if last and best is None:
-                raise
             continue  # no plan at this micro-batch: it bounds nothing
-        if solution.counts is None:  # nothing here beats the best plan: the certificate's bound says by how much
+        if solution.counts is None:  # nothing here beats the cutoff: the certificate's bound says by how much
             lower = min(lower, certified_bound(priced, configs, solution.certificate))
             continue
         assignment = _assignment(priced, configs, solution)
         # The search's answer re-verified at this micro-batch; its gap gives the bound it proved there.
         gap = check_solution(priced, assignment, solution.certificate, configs)
         lower = min(lower, assignment.objective_seconds * (1 - gap))
-        if best is None or assignment.objective_seconds < best[0].objective_seconds * (1 - 1e-9):
-            best = (assignment, solution, len(configs["decoder"]))
+        found[position] = (assignment, solution, len(configs["decoder"]))
+        least = min(least, assignment.objective_seconds)
+    if not found:
+        # Only the last candidate (the least workspace) says why nothing fits.
+        priced, configs = last_problem
+        check_capacity(priced, configs)
+        solve_master(priced, configs, options, diagnose=True)
+        raise InfeasibleError("compile", "no placement fits the memory budgets", tier="", short_bytes=0)
+    best = _first_best([found[p] for p in sorted(found)])
     assignment, solution, count = best
     objective = assignment.objective_seconds
     gap = max(0.0, (objective - lower) / objective) if objective > 0 else 0.0
@@ -659,6 +672,21 @@ def solve_placement(costs: CostGraph, options: SolverOptions = SolverOptions()) 
                           objective_seconds=objective, gap=gap, seconds=time.perf_counter() - start,
                           policy=policy_label(options.policy, options.resident_layers), configurations=count)
     return assignment, report
+
+
+# A candidate micro-batch is searched for plans within this (relative) of the least objective found: with the
+# 1e-9 by which a plan must beat its cutoff, every plan below (1 + 2e-9) times the least is found.
+_NEAR = 3e-9
+
+
+def _first_best(found: list[tuple]) -> tuple:
+    """Of (assignment, ...) in order of fewest micro-batches, the best: a later one replaces the best so far only
+    when its objective is lower by more than 1e-9 (relative)."""
+    best = found[0]
+    for item in found[1:]:
+        if item[0].objective_seconds < best[0].objective_seconds * (1 - 1e-9):
+            best = item
+    return best
 
 
 def _class_policy(policy: Policy, cls: ClassCosts) -> Policy:

@@ -1159,3 +1159,24 @@ def test_tier_vectors_sharing_placements_share_leading_sums_bit_for_bit():
                 alone = LayerPricer(costs, cls, phase, permille).price(tiers, permille)
                 for field in ("seconds", "chain_seconds", "staging_bytes", "valid"):
                     assert np.array_equal(getattr(together, field), getattr(alone, field)), (phase, tiers, field)
+
+
+def test_the_micro_batch_rule_keeps_the_first_within_1e_9():
+    """`_first_best` is the rule of solving the candidates in order of fewest micro-batches, a later one replacing
+    the best only when better by more than 1e-9 (relative), chains of near-ties included; and every candidate the
+    rule can pick lies within (1 + 2e-9) of the least objective, which `_NEAR`'s cutoff finds."""
+    from types import SimpleNamespace
+
+    from liac.passes.ilp import _NEAR, _first_best
+
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        values = 1.0 + rng.integers(0, 5, size=rng.integers(1, 6)) * 0.6e-9
+        found = [(SimpleNamespace(objective_seconds=float(v)), k) for k, v in enumerate(values)]
+        best = found[0]
+        for item in found[1:]:  # the sequential rule
+            if item[0].objective_seconds < best[0].objective_seconds * (1 - 1e-9):
+                best = item
+        assert _first_best(found)[1] == best[1]
+        least = float(values.min())
+        assert best[0].objective_seconds < least * (1 + _NEAR) * (1 - 1e-9)
