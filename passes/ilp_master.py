@@ -52,7 +52,9 @@ class MasterSolution:
 
 def make_solver(options: SolverOptions, cutoff: float | None = None):
     """(name, pulp solver). With `cutoff`, the solver may stop as soon as it proves no solution is below it (the
-    best plan of another staging level): it then reports a worse solution (HiGHS) or none (CBC)."""
+    best plan of another staging level): it then reports a worse solution (HiGHS) or none (CBC). A worse solution
+    from HiGHS proves that only when it searched to the end: stopped by the node limit, it reports its incumbent
+    whatever the cutoff (`_solve_level_ilp` reads its bound instead)."""
     name = options.solver
     if name == "auto":
         name = "highs" if "HiGHS" in pulp.listSolvers(onlyAvailable=True) else "cbc"
