@@ -40,7 +40,7 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
 `--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
 `--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
-ratio), `--wake-ab` each optimum again without waking the CPU's thread team before its experts ops (cpu_wake=False).
+ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True).
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
@@ -366,11 +366,11 @@ class MoeBench:
             names.insert(at, f"optimal@auto:b{batch}")
         wake_ab = getattr(self.args, "wake_ab", False)
         for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if wake_ab else ():
-            # the optimum again without waking the CPU's thread team before its experts ops' routing read
-            # (runtime/executor.py `_CpuTeamWake`), right after its run with the engine's default (woken)
+            # the optimum again waking the CPU's thread team before its experts ops' routing read
+            # (runtime/executor.py `_CpuTeamWake`), right after its run with the engine's default (not woken)
             at = names.index(f"optimal:b{batch}") + 1
-            specs.insert(at, dataclasses.replace(specs[at - 1], cpu_wake=False))
-            names.insert(at, f"optimal@nowake:b{batch}")
+            specs.insert(at, dataclasses.replace(specs[at - 1], cpu_wake=True))
+            names.insert(at, f"optimal@wake:b{batch}")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -495,7 +495,7 @@ class MoeBench:
                    "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
                    "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu"),
                    "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share"),
-                   "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", True)}
+                   "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", False)}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -592,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
                              "per core); the peers' processes keep their default")
     parser.add_argument("--wake-ab", action="store_true",
-                        help="run each optimum again right after itself without waking the CPU's thread team before "
-                             "its experts ops (Engine cpu_wake=False), beside the default (woken)")
+                        help="run each optimum again right after itself waking the CPU's thread team before its "
+                             "experts ops (Engine cpu_wake=True), beside the default (not woken)")
     parser.add_argument("--share-ab", action="store_true",
                         help="run each optimum again right after it with the expert share following the CPU parts "
                              "(Engine expert_share='auto'), beside the default measured at load and kept ('load')")

@@ -127,7 +127,7 @@ class _Options:
     enforce_budget: bool
     warm_up: bool | tuple[int, int]
     expert_share: str | float = "load"
-    cpu_wake: bool = True
+    cpu_wake: bool = False
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ class Engine:
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
-                  expert_share: str | float = "load", cpu_wake: bool = True) -> "Engine":
+                  expert_share: str | float = "load", cpu_wake: bool = False) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -262,9 +262,10 @@ class Engine:
                 (runtime/moe.py `ExpertShare`; measured on the H200: not better than 'load', docs/benchmarks.md),
                 a number gives it (CPU seconds per expert over PCIe's, fixed), 'off' keeps each expert where the
                 plan puts it.
-            cpu_wake: an experts op that computes experts on the CPU first wakes the CPU's thread team, while the
-                GPU still computes the router (runtime/executor.py `_CpuTeamWake`); False leaves the team to wake in
-                the CPU part's first GEMV.
+            cpu_wake: True: an experts op that computes experts on the CPU first wakes the CPU's thread team,
+                while the GPU still computes the router (runtime/executor.py `_CpuTeamWake`); off by default: on
+                the H200 machine the expert kernel after an idle pause kept its back-to-back rate, and the A/B
+                showed no gain (docs/benchmarks.md, moe-wake).
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.

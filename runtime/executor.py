@@ -149,7 +149,7 @@ class Executor:
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
                  tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
-                 expert_share: ExpertShare | None = None, cpu_wake: bool = True):
+                 expert_share: ExpertShare | None = None, cpu_wake: bool = False):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
         self.expert_tally = ExpertTally()  # per phase: CPU experts, their bytes and host seconds, experts streamed
         # Wake the CPU's OpenMP team at the start of an experts op with a CPU part, while the GPU still computes the

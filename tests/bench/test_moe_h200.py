@@ -186,8 +186,8 @@ def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatc
     assert "cpu_expert_beside_copy_gb_per_s" not in profile.estimates
 
 
-def test_wake_ab_runs_each_optimum_again_without_waking_the_cpu_team(tmp_path, monkeypatch):
-    """`--wake-ab`: right after each optimum the same plan runs with Engine cpu_wake=False, 'optimal@nowake:bN'."""
+def test_wake_ab_runs_each_optimum_again_waking_the_cpu_team(tmp_path, monkeypatch):
+    """`--wake-ab`: right after each optimum the same plan runs with Engine cpu_wake=True, 'optimal@wake:bN'."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
     bench = _bench(tmp_path, share_ab=False, wake_ab=True, threads_ab=[], measure_gen_len=4, profile_steps=0,
@@ -196,6 +196,6 @@ def test_wake_ab_runs_each_optimum_again_without_waking_the_cpu_team(tmp_path, m
                               for b in (1, 8) for c in ("optimal", "experts-cpu")]
     bench.runs()
     (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@nowake:b1", "experts-cpu:b1", "optimal:b8",
-                                           "optimal@nowake:b8", "experts-cpu:b8"]
-    assert [s.cpu_wake for s in specs] == [None, False, None, None, False, None]
+    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@wake:b1", "experts-cpu:b1", "optimal:b8",
+                                           "optimal@wake:b8", "experts-cpu:b8"]
+    assert [s.cpu_wake for s in specs] == [None, True, None, None, True, None]

@@ -602,18 +602,19 @@ def test_expert_tally_counts_the_cpu_experts_of_the_call(checkpoints, reference,
 
 
 def test_cpu_team_is_woken_once_per_experts_op_with_cpu_experts(checkpoints, reference, monkeypatch):
-    """`cpu_wake` (default on): every experts op that computes experts on the CPU first wakes the CPU's thread team,
-    once, before its routing read; ops without CPU experts do not; off, nothing is woken; tokens are HF's either
-    way."""
+    """`cpu_wake` on: every experts op that computes experts on the CPU first wakes the CPU's thread team, once,
+    before its routing read; ops without CPU experts do not; off (the default), nothing is woken; tokens are HF's
+    either way."""
     import liac.runtime.executor as executor
 
     calls = []
     monkeypatch.setattr(executor._CpuTeamWake, "__call__", lambda self: calls.append(1))
     directory, cfg = checkpoints("mixtral")
     _, _, tokens, _ = reference("mixtral")
-    for wake in (True, False):
+    for wake in (True, False, None):  # None: the default
+        options = {} if wake is None else {"cpu_wake": wake}
         engine = Engine.from_plan(_plan(cfg, "mixed"), directory, backend=make_test_backend("emulated"),
-                                  dtype=torch.float32, cpu_wake=wake)
+                                  dtype=torch.float32, **options)
         calls.clear()
         out = engine.generate(PROMPT, NEW_TOKENS)
         assert torch.equal(out.token_ids, tokens)
