@@ -317,8 +317,9 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 if steps and max_seconds is not None and spent > max_seconds:
                     record["profile_skipped"] = f"the run took {spent:.0f} s, over --max-seconds {max_seconds:g}"
                     steps = 0
-                profile = engine.profile(ids, steps) if profile_steps and "profile_skipped" not in record else {}
-                metrics = build_metrics(engine, generation, profile)
+                profiled = bool(profile_steps) and "profile_skipped" not in record
+                profile = engine.profile(ids, steps) if profiled else {}
+                metrics = build_metrics(engine, generation, profile, profile_steps=steps if profiled else 0)
                 metrics["plan_file"] = str(run.plan)
                 record["metrics"] = metrics
                 hbm = next(row for row in metrics["memory"] if row["tier"] == "hbm")

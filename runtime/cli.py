@@ -301,7 +301,7 @@ def run(args) -> int:
         want_metrics = bool(args.metrics_out or args.json)
         steps = min(args.profile_steps, generation.decode_steps) if want_metrics else 0
         profile = engine.profile(request.batch, steps) if steps else {}
-        metrics = build_metrics(engine, generation, profile)
+        metrics = build_metrics(engine, generation, profile, profile_steps=steps)
     for line in summary_lines(metrics):
         _say(line)
     if args.json:

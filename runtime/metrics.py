@@ -77,8 +77,10 @@ def request_prediction(plan: OffloadPlan, batch: int, prompt_len: int, new_token
             "tokens_per_second": stable_float(batch * new_tokens / total) if total > 0 else None}
 
 
-def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> dict:
-    """The metrics document of one run (see the module docstring); `sublayer_seconds` from `Engine.profile`."""
+def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float], profile_steps: int | None = None) -> dict:
+    """The metrics document of one run (see the module docstring); `sublayer_seconds` from `Engine.profile`, run
+    over `profile_steps` decode steps (recorded as `run.profile_steps`, which `liac calibrate` prices the sublayer
+    rows at; None: not recorded)."""
     plan = engine.plan
     batch, new_tokens = generation.token_ids.shape
     steps = generation.decode_steps
@@ -129,7 +131,8 @@ def build_metrics(engine, generation, sublayer_seconds: dict[tuple, float]) -> d
         "run": {"batch_size": batch, "prompt_len": generation.prompt_len, "gen_len": new_tokens,
                 "decode_steps": steps, "generated_tokens": sum(generation.lengths),
                 "prefill_microbatches": len(microbatch_parts(batch, generation.prompt_len,
-                                                             engine.schedule.prefill_microbatch))},
+                                                             engine.schedule.prefill_microbatch)),
+                **({"profile_steps": profile_steps} if profile_steps is not None else {})},
         "load_seconds": stable_float(engine.build_seconds),
         "warmup_seconds": stable_float(engine.warmup_seconds),
         "warmup": ({"batch_size": engine.warmup_request[0], "prompt_len": engine.warmup_request[1]}

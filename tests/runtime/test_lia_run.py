@@ -47,7 +47,8 @@ def test_run_prints_summary_and_writes_metrics(plan_file, tmp_path, capsys):
     assert out.splitlines()[0].startswith("tokens[0]: ") and len(out.splitlines()) == 2  # one line per sequence
     metrics = json.loads(metrics_path.read_text())
     assert metrics["run"] == {"batch_size": 2, "prompt_len": 6, "gen_len": 5, "decode_steps": 4,
-                              "generated_tokens": 10, "prefill_microbatches": 1}  # the whole batch at once
+                              "generated_tokens": 10, "prefill_microbatches": 1,  # the whole batch at once
+                              "profile_steps": 2}  # liac calibrate prices the sublayer rows at these steps
     assert metrics["backend"]["emulated_gpu"] is True
     assert metrics["prefill_ms"] > 0 and metrics["decode_ms_per_token"] > 0
     assert metrics["tokens_per_second"] == pytest.approx(

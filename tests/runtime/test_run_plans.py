@@ -69,7 +69,8 @@ def test_every_plan_runs_over_one_set_of_weights(tmp_path, monkeypatch, backend)
         assert "error" not in record and "skipped" not in record, record
         metrics = record["metrics"]
         assert metrics["run"] == {"batch_size": batch, "prompt_len": prompt, "gen_len": gen, "decode_steps": gen - 1,
-                                  "generated_tokens": batch * gen, "prefill_microbatches": 1}
+                                  "generated_tokens": batch * gen, "prefill_microbatches": 1,
+                                  "profile_steps": min(2, gen - 1)}
         assert metrics["prefill_ms"] > 0 and metrics["decode_ms_per_token"] > 0
         assert metrics["tokens_per_second"] == pytest.approx(batch * gen / (metrics["total_ms"] / 1e3), rel=1e-3)
         phases = {row["phase"] for row in metrics["sublayers"]}
