@@ -20,14 +20,28 @@ measurement, both compared with the cost model re-pricing that plan (`liac.passe
 
 Factors (FACTORS below) multiply groups of profile fields: CPU DDR read, the whole AMX curve, CPU KV read, GPU
 FLOP/s, HBM, PCIe H2D and D2H, the shared DDR rate, the CPU prefill-attention curve, and the GPU / CPU launch, PCIe
-latency and split synchronisation overheads. A factor
-that changes no prediction by more than 1e-9 (relative) when doubled or halved is left at 1 and reported as
-unconstrained. The fit minimises the mean pseudo-Huber loss of log(predicted / measured) (quadratic within ~10%,
-linear beyond, so a stray measurement cannot dominate), phase rows and sublayer rows weighing equally, by a
-deterministic Levenberg-Marquardt over log2 scale factors in [1/16, 16] (forward-difference Jacobian, the robust
-loss as reweighted least squares), stopping when a step no longer helps or at `max_evals`. A factor the fit moved
-but the loss does not need goes back to 1; factors no prediction depends on at the fit (±5%) are reported as
-not determined by the measurements. numpy only; the same inputs give the same profile.
+latency, split synchronisation and per-unit runtime overheads. A factor that changes no prediction by more than
+1e-9 (relative) when doubled or halved is left at 1 and reported as unconstrained. The fit minimises
+
+    Σ_rows w·ρ(ln(predicted / measured)) + ½·PRIOR·Σ_factors log2(factor)²
+
+with ρ the pseudo-Huber loss (quadratic within ~10%, linear beyond, so a stray measurement cannot dominate) and
+w the row's weight. The phase totals, what a plan promises, carry PHASE_WEIGHT (0.9) of the weight; the sublayer
+rows, from a pass that synchronises after every op and so carries none of the runtime's overlap, the rest: they
+inform the rates of single ops but cannot outvote the totals. The prior says the profile was measured: a factor
+of 2 must buy a drop of the loss of ½·PRIOR (PRIOR = 0.01), about what a 10 % error on every phase total costs,
+so rates that only the synchronised rows or a few runs ask to move stay near the measurement instead of running
+to their bounds (before the prior, fits on one prompt length put 5 of 14 factors at ×16 or ×1/16 and missed the
+other length's prefill by 33-110 %).
+The minimiser is a deterministic Levenberg-Marquardt over log2 scale factors in [1/16, 16] (forward-difference
+Jacobian, the robust loss as reweighted least squares, the prior as a ridge term), stopping when a step no longer
+helps or at `max_evals`. A factor the fit moved but the loss does not need goes back to 1; factors no prediction
+depends on at the fit (±5%) are reported as not determined by the measurements. numpy only; the same inputs give
+the same profile.
+
+Runs of several device calls: the host's rates move between calls, so each call's runs are priced with the profile
+measured in that call (`Run.hw`, from `load_measurements(run_profiles=...)`), all scaled by the same factors:
+the fit learns how the cost model departs from what `liac profile` measures, not one call's rates.
 
 Held out: `judge` prices runs the fit did not see (e.g. `split_by_prompt`: fit on one prompt length, judge on the
 other) under the base and the calibrated profile, which says whether the fit generalises or only memorises.
@@ -49,14 +63,16 @@ from liac.profile import CurvePoint, HardwareProfile, parse_profile
 from liac.schema_tools import stable_float, to_data
 from liac.sweep import plan_files
 
-__all__ = ["FACTORS", "METRICS_VERSIONS", "Run", "Row", "CalibrationResult", "load_measurements", "predict_rows",
-           "calibrate", "scaled_profile", "error_summary", "profile_yaml", "report_data", "report_lines", "judge",
-           "split_by_prompt"]
+__all__ = ["FACTORS", "METRICS_VERSIONS", "PHASE_WEIGHT", "PRIOR", "Run", "Row", "CalibrationResult",
+           "load_measurements", "predict_rows", "predict_scaled", "calibrate", "scaled_profile", "error_summary",
+           "profile_yaml", "report_data", "report_lines", "judge", "split_by_prompt"]
 
 METRICS_VERSIONS = (1,)
 LIA_RUN_PROFILE_STEPS = 4  # lia-run's default --profile-steps
 _BOUND_LOG2 = 4.0  # factors stay within [1/16, 16]
 _HUBER_DELTA = 0.1  # log-error where the loss turns from quadratic to linear (~10%)
+PHASE_WEIGHT = 0.9  # the phase totals' share of the loss; the synchronised sublayer rows have the rest
+PRIOR = 0.01  # ½·PRIOR·Σ log2(factor)² is added to the loss (module docstring)
 _SENSITIVITY = 1e-9
 _MIN_STEP_LOG2 = 1.0 / 1024
 _JACOBIAN_STEP = 1e-4  # log2 units
@@ -111,6 +127,7 @@ class Run:
     gen_len: int
     profile_steps: int
     rows: tuple[Row, ...]
+    hw: HardwareProfile | None = None  # the profile measured with the run (its plan was priced with it); None: the base
 
 
 @dataclass(frozen=True)
@@ -159,15 +176,19 @@ def _positive_int(doc: dict, key: str, source: str) -> int:
     return value
 
 
-def load_measurements(metrics_paths, plan_paths=(), profile_steps: int = LIA_RUN_PROFILE_STEPS) -> list[Run]:
+def load_measurements(metrics_paths, plan_paths=(), profile_steps: int = LIA_RUN_PROFILE_STEPS,
+                      run_profiles=()) -> list[Run]:
     """Metrics documents + the plans they ran → Runs (each with its phase and sublayer rows).
 
     A document's plan is found by `metadata.name` among `plan_paths` (files or directories), else at the document's
-    own `plan_file` (bench/run_plans.py writes it).
+    own `plan_file` (bench/run_plans.py writes it). `run_profiles`: profiles measured with the runs (one per device
+    call: the host's rates move between calls); a run whose plan was compiled for one of them (the profile sha256
+    the plan records) is priced with it, every other run with the base profile given to `calibrate`.
 
     Raises:
         LiacError: an unreadable or foreign document, a plan that cannot be found or is for another model.
     """
+    own = {profile.sha256(): profile for profile in run_profiles}
     plans: dict[str, OffloadPlan] = {}
     for path in _plan_files(plan_paths):
         try:
@@ -212,7 +233,7 @@ def load_measurements(metrics_paths, plan_paths=(), profile_steps: int = LIA_RUN
                 continue
             rows.append(Row(source, "sublayer", str(row.get("phase")), str(row.get("group")),
                             tuple(str(n) for n in names), str(row.get("device")), value / 1e3))
-        runs.append(Run(source, plan, batch, prompt, gen, steps, tuple(rows)))
+        runs.append(Run(source, plan, batch, prompt, gen, steps, tuple(rows), own.get(plan.spec.hardware.sha256)))
     if not any(run.rows for run in runs):
         raise LiacError("calibrate", "the metrics documents must hold at least one measured time with a prediction")
     return runs
@@ -290,6 +311,25 @@ def predict_rows(runs: list[Run], hw: HardwareProfile, graphs: dict | None = Non
     return out
 
 
+def predict_scaled(runs: list[Run], base: HardwareProfile, factors: dict[str, float], graphs: dict | None = None
+                   ) -> list[float]:
+    """`predict_rows` with each run priced on its own profile (`Run.hw`, else `base`) scaled by `factors`: the
+    same correction applied to every call's measured rates."""
+    graphs = graphs if graphs is not None else {}
+    groups: dict[int, tuple[HardwareProfile, list[int]]] = {}
+    for index, run in enumerate(runs):
+        hw = run.hw if run.hw is not None else base
+        groups.setdefault(id(hw), (hw, []))[1].append(index)
+    per_run: list[list[float]] = [[] for _ in runs]
+    for hw, indices in groups.values():
+        predicted = predict_rows([runs[i] for i in indices], scaled_profile(hw, factors), graphs)
+        at = 0
+        for i in indices:
+            per_run[i] = predicted[at:at + len(runs[i].rows)]
+            at += len(runs[i].rows)
+    return [value for values in per_run for value in values]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Errors and the fit
 
@@ -318,15 +358,23 @@ def error_summary(rows, predicted) -> dict:
     return out
 
 
-def _loss(weights: np.ndarray, measured: np.ndarray, predicted: list[float]) -> float:
-    return _robust_loss(weights, _residuals(measured, predicted))
+def _loss(weights: np.ndarray, measured: np.ndarray, predicted: list[float], x: dict[str, float],
+          prior: float) -> float:
+    return _robust_loss(weights, _residuals(measured, predicted)) + _prior_loss(x.values(), prior)
 
 
-def _row_weights(rows) -> np.ndarray:
-    """Phase rows and sublayer rows weigh equally as families, each row equally within its family."""
+def _prior_loss(log2_factors, prior: float) -> float:
+    """½·prior·Σ log2(factor)²: the profile was measured, so a factor far from 1 must buy its distance."""
+    return 0.5 * prior * float(sum(v * v for v in log2_factors))
+
+
+def _row_weights(rows, phase_weight: float = PHASE_WEIGHT) -> np.ndarray:
+    """The phase rows share `phase_weight` of the loss, the sublayer rows the rest (all of it when a family is
+    empty), each row equally within its family."""
     counts = {kind: sum(1 for r in rows if r.kind == kind) for kind in ("phase", "sublayer")}
-    families = sum(1 for c in counts.values() if c)
-    return np.array([1.0 / (counts[r.kind] * families) for r in rows])
+    share = {"phase": phase_weight if counts["sublayer"] else 1.0,
+             "sublayer": 1.0 - phase_weight if counts["phase"] else 1.0}
+    return np.array([share[r.kind] / counts[r.kind] for r in rows])
 
 
 def _residuals(measured: np.ndarray, predicted: list[float]) -> np.ndarray:
@@ -338,9 +386,9 @@ def _robust_loss(weights: np.ndarray, residuals: np.ndarray) -> float:
 
 
 def _levenberg_marquardt(residuals_at, weights: np.ndarray, start: dict[str, float], max_evals: int,
-                         evaluations) -> dict[str, float]:
-    """Minimise the pseudo-Huber loss of the log residuals over log2 factors (iteratively reweighted
-    Levenberg-Marquardt, forward-difference Jacobian, steps clipped to the bounds). Deterministic."""
+                         evaluations, prior: float = 0.0) -> dict[str, float]:
+    """Minimise the pseudo-Huber loss of the log residuals plus the prior on the log2 factors (iteratively
+    reweighted Levenberg-Marquardt, forward-difference Jacobian, steps clipped to the bounds). Deterministic."""
     names = list(start)
     x = np.array([start[n] for n in names])
 
@@ -348,7 +396,7 @@ def _levenberg_marquardt(residuals_at, weights: np.ndarray, start: dict[str, flo
         return residuals_at(dict(zip(names, vector.tolist())))
 
     r = at(x)
-    value = _robust_loss(weights, r)
+    value = _robust_loss(weights, r) + _prior_loss(x, prior)
     damping = 1e-3
     while evaluations() + len(names) + 1 <= max_evals:
         jacobian = np.empty((len(r), len(names)))
@@ -357,15 +405,15 @@ def _levenberg_marquardt(residuals_at, weights: np.ndarray, start: dict[str, flo
             moved[column] += _JACOBIAN_STEP if moved[column] + _JACOBIAN_STEP <= _BOUND_LOG2 else -_JACOBIAN_STEP
             jacobian[:, column] = (at(moved) - r) / (moved[column] - x[column])
         robust = weights / np.sqrt(1.0 + (r / _HUBER_DELTA) ** 2)  # IRLS weights of the pseudo-Huber loss
-        normal = jacobian.T @ (robust[:, None] * jacobian)
-        gradient = jacobian.T @ (robust * r)
+        normal = jacobian.T @ (robust[:, None] * jacobian) + prior * np.eye(len(names))
+        gradient = jacobian.T @ (robust * r) + prior * x
         improved = False
         while evaluations() < max_evals:
             step = np.linalg.solve(normal + damping * (np.diag(np.diag(normal)) + 1e-12 * np.eye(len(names))),
                                    -gradient)
             trial = np.clip(x + step, -_BOUND_LOG2, _BOUND_LOG2)
             trial_r = at(trial)
-            trial_value = _robust_loss(weights, trial_r)
+            trial_value = _robust_loss(weights, trial_r) + _prior_loss(trial, prior)
             if trial_value < value:
                 shrink = value - trial_value
                 x, r, value = trial, trial_r, trial_value
@@ -403,18 +451,22 @@ def _moves_predictions(predict, x: dict[str, float], name: str) -> bool:
     return False
 
 
-def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600) -> CalibrationResult:
-    """Fit FACTORS to the runs' measurements (module docstring); returns the calibrated profile and the errors."""
+def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600, phase_weight: float = PHASE_WEIGHT,
+              prior: float = PRIOR) -> CalibrationResult:
+    """Fit FACTORS to the runs' measurements (module docstring); returns the calibrated profile and the errors.
+
+    `phase_weight`: the phase totals' share of the loss (the sublayer rows have the rest); `prior`: the weight of
+    ½·Σ log2(factor)² in it (0: none)."""
     rows = [row for run in runs for row in run.rows]
     measured = np.array([r.measured_seconds for r in rows])
-    weights = _row_weights(rows)
+    weights = _row_weights(rows, phase_weight)
     graphs: dict = {}
     evaluations = 0
 
     def predict(log2: dict[str, float]) -> list[float]:
         nonlocal evaluations
         evaluations += 1
-        return predict_rows(runs, scaled_profile(base, {k: 2.0**v for k, v in log2.items()}), graphs)
+        return predict_scaled(runs, base, {k: 2.0**v for k, v in log2.items()}, graphs)
 
     before = predict({})
     constrained = []
@@ -427,8 +479,8 @@ def calibrate(base: HardwareProfile, runs: list[Run], max_evals: int = 600) -> C
     x = {name: 0.0 for name in constrained}
     if constrained:
         x = _levenberg_marquardt(lambda point: _residuals(measured, predict(point)), weights, x, max_evals,
-                                 lambda: evaluations)
-        x = _prefer_base(x, lambda point: _loss(weights, measured, predict(point)))
+                                 lambda: evaluations, prior)
+        x = _prefer_base(x, lambda point: _loss(weights, measured, predict(point), point, prior))
     determined = tuple(name for name in constrained if _moves_predictions(predict, x, name))
     factors = {name: (2.0 ** x[name] if name in x else 1.0) for name in FACTORS}
     after = predict(x)
@@ -445,8 +497,8 @@ def judge(base: HardwareProfile, result: CalibrationResult, runs: list[Run]) -> 
     base profile and under the calibrated one (`error_summary` of each)."""
     rows = [row for run in runs for row in run.rows]
     graphs: dict = {}
-    return {"measurements": len(rows), "error_before": error_summary(rows, predict_rows(runs, base, graphs)),
-            "error_after": error_summary(rows, predict_rows(runs, result.profile, graphs))}
+    return {"measurements": len(rows), "error_before": error_summary(rows, predict_scaled(runs, base, {}, graphs)),
+            "error_after": error_summary(rows, predict_scaled(runs, base, result.factors, graphs))}
 
 
 def split_by_prompt(runs: list[Run], prompt_len: int) -> tuple[list[Run], list[Run]]:
@@ -517,7 +569,7 @@ def report_lines(result: CalibrationResult, base: HardwareProfile, held_out: dic
     for name in FACTORS:
         scale = result.factors[name]
         if name in result.determined:
-            word = "unchanged" if scale == 1.0 else _rate_word(name, scale)
+            word = "unchanged" if f"{scale:.4g}" == "1" else _rate_word(name, scale)  # as printed
             lines.append(f"  {name:<13} ×{scale:<8.4g} ({word}; {FACTORS[name][1]})")
         elif name in result.constrained:
             lines.append(f"  {name:<13} ×{scale:<8.4g} (not determined: no prediction depends on it at the fit)")
