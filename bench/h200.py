@@ -27,7 +27,14 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            timeline of one decode step summarised by bench/timeline.py — main thread idle, copy and compute
            streams busy and overlapping — recorded after all the runs, the deadline keeping room for them)
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
-  floor    bench/floor.py for every point with the measured profile → floor.json
+  rates-after  the rates stage's probe again, after the runs and peers → rates-after.json (same fields; run-profile.yaml
+           keeps the first probe's) and summary.json's 'rates_probes': per field both probes, after / before, and
+           the one the floor takes. The probe ran once at 124.5 GB/s shared DDR where every other call read 94-102,
+           and that call's runs ran 20-40 % slower than priced (i12t): a second probe shows a rate that moved.
+           The runs leave it --rates-after-s; with less than that left it is skipped, the reason recorded
+  floor    bench/floor.py for every point with the measured profile → floor.json; where rates-after ran, per field
+           the FASTER of the two probes (the higher GB/s or TFLOP/s, the shorter sync): a floor must stay a lower
+           bound on step time, and the slower probe would raise it above what the faster machine state allows
   footprint  the GPU footprint `liac profile` measures (runtime/footprint.py: CUDA context, library workspaces,
            the activation peak of small runs against Eq. 14's model) → summary.json's 'footprint', and its fields
            in run-profile.yaml
@@ -82,7 +89,43 @@ def decoder_gemv_shapes(model: str) -> tuple[tuple[int, int], ...]:
     return tuple(shapes)
 
 
-STAGES = ("profile", "rates", "compile", "runs", "peers", "floor", "footprint")
+STAGES = ("profile", "rates", "compile", "runs", "peers", "rates-after", "floor", "footprint")
+
+
+def check_stage_order(stages: list[str]) -> None:
+    """'rates-after' probes the rates after the runs and peers, and the floor reads it: it must come after 'runs'
+    and 'peers' and before 'floor' where those are named in --stages."""
+    if "rates-after" not in stages:
+        return
+    at = stages.index("rates-after")
+    for name in ("runs", "peers"):
+        if name in stages and stages.index(name) > at:
+            raise SystemExit(f"--stages: 'rates-after' must come after '{name}'")
+    if "floor" in stages and stages.index("floor") < at:
+        raise SystemExit("--stages: 'rates-after' must come before 'floor'")
+
+
+def floor_rates(before: dict, after: dict) -> tuple[dict, dict]:
+    """The two rates probes of a call (rates.json, rates-after.json) → (the fields the floor prices with, per field
+    {before, after, ratio: after / before, floor}). The floor is a lower bound on step time, so it takes the FASTER
+    probe: the higher rate (GB/s, TFLOP/s; per `m` for the attention curve) and the shorter `*_seconds`. A field
+    only one probe has is taken as it is."""
+    chosen, record = {}, {}
+    for field in sorted(set(before) | set(after)):
+        if field not in before or field not in after:
+            chosen[field] = before.get(field, after.get(field))
+            continue
+        a, b = before[field], after[field]
+        if isinstance(a, list):  # the attention curve: [{m, tflops}, ...], per m
+            by_m = {p["m"]: p["tflops"] for p in b}
+            chosen[field] = [{"m": p["m"], "tflops": max(p["tflops"], by_m.get(p["m"], 0.0))} for p in a]
+            record[field] = [{"m": p["m"], "before": p["tflops"], "after": by_m[p["m"]],
+                              "ratio": round(by_m[p["m"]] / p["tflops"], 3) if p["tflops"] else None,
+                              "floor": max(p["tflops"], by_m[p["m"]])} for p in a if p["m"] in by_m]
+            continue
+        chosen[field] = min(a, b) if field.endswith("_seconds") else max(a, b)
+        record[field] = {"before": a, "after": b, "ratio": round(b / a, 3) if a else None, "floor": chosen[field]}
+    return chosen, record
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -196,6 +239,25 @@ class Bench:
             tar.add(self.plans_dir, arcname="plans")
 
     def rates(self) -> None:
+        fields = self._probe_rates("rates.json")
+        self._update_run_profile(fields, "bench/h200.py rates stage, in the same call as the runs")
+
+    def rates_after(self) -> None:
+        """The rates probe again after the runs (and peers) → rates-after.json; run-profile.yaml keeps the first
+        probe's fields (the ones the plans were compiled and priced for); summary.json records both."""
+        if self.left() < self.args.rates_after_s:
+            self.summary["skipped"].append({"stage": "rates-after", "reason": f"out of time: {self.left():.0f} s "
+                                            f"left, the probe needs --rates-after-s {self.args.rates_after_s:g}"})
+            return
+        after = self._probe_rates("rates-after.json")
+        before_path = self.out / "rates.json"
+        if before_path.exists() and self.summary["stages"].get("rates", {}).get("status") == "done":
+            _, record = floor_rates(json.loads(before_path.read_text()), after)
+            self.summary["rates_probes"] = record
+            moved = {f: r["ratio"] for f, r in record.items() if isinstance(r, dict)}
+            self.log(f"rates after / before: {moved}")
+
+    def _probe_rates(self, name: str) -> dict:
         import torch
 
         from liac.fileio import write_atomic
@@ -211,11 +273,10 @@ class Bench:
         rates["split_sync_seconds"] = split_sync_seconds(torch.cuda.is_available() and not self.args.emulate)
         queries = ATTENTION_QUERIES[:2] if self.args.emulate else ATTENTION_QUERIES
         curve = [{"m": q, "tflops": round(t, 4)} for q, t in attention_curve(queries, 2 if self.args.emulate else 3)]
-        self.log(f"rates in {time.monotonic() - began:.0f} s: {rates}; CPU prefill attention {curve}")
-        write_atomic(self.out / "rates.json", json.dumps({**rates, "cpu_attention_bf16_tflops": curve}, indent=1,
-                                                         sort_keys=True) + "\n")
+        self.log(f"{name} in {time.monotonic() - began:.0f} s: {rates}; CPU prefill attention {curve}")
         fields = {**rates, "cpu_attention_bf16_tflops": curve}
-        self._update_run_profile(fields, "bench/h200.py rates stage, in the same call as the runs")
+        write_atomic(self.out / name, json.dumps(fields, indent=1, sort_keys=True) + "\n")
+        return fields
 
     def _update_run_profile(self, fields: dict, source: str) -> None:
         update_run_profile(self.out / "run-profile.yaml", self.profile_path, fields, source)
@@ -244,6 +305,8 @@ class Bench:
         self.summary["runs_index"] = index
         self.save()
         deadline = self.began + self.args.deadline_s - self.args.reserve_s
+        if "rates-after" in getattr(self.args, "stage_names", ()):  # the second probe runs after them
+            deadline -= self.args.rates_after_s
         run_plans(specs, seed=0, out=self.out / "runs.json", max_seconds=self.args.max_run_seconds,
                   profile_steps=self.args.profile_steps, emulate_gpu=True if self.args.emulate else None,
                   log=self.log, deadline=deadline, timeline_batches=self.args.timeline_batches)
@@ -274,6 +337,8 @@ class Bench:
         for name, command in jobs:
             # peers stop by --peers-until-s (seconds into the call), leaving the later stages their time
             until = min(self.args.deadline_s, self.args.peers_until_s or self.args.deadline_s)
+            if "rates-after" in getattr(self.args, "stage_names", ()):  # the second probe runs after the peers
+                until = min(until, self.args.deadline_s - self.args.rates_after_s)
             peer_left = until - (time.monotonic() - self.began)
             if peer_left < 60:
                 self.summary["skipped"].append({"stage": "peers", "peer": name, "command": command[1:],
@@ -308,6 +373,7 @@ class Bench:
 
         run_profile = self.out / "run-profile.yaml"  # the rates of this call, where the rates stage ran
         hw = load_profile(run_profile if run_profile.exists() else self.profile_path)
+        hw = self._floor_profile(hw)
         graph = trace_model(resolve_model(self.args.model))
         floors = []
         for prompt, batch in self.args.points:
@@ -318,6 +384,27 @@ class Bench:
 
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
+
+    def _floor_profile(self, hw):
+        """Where rates-after ran in this call: `hw` with, per field, the faster of the two probes (floor_rates)."""
+        if self.summary["stages"].get("rates-after", {}).get("status") != "done":
+            return hw
+        after_path, before_path = self.out / "rates-after.json", self.out / "rates.json"
+        if not after_path.exists():  # skipped for time
+            return hw
+        before = json.loads(before_path.read_text()) \
+            if self.summary["stages"].get("rates", {}).get("status") == "done" and before_path.exists() else {}
+        chosen, _ = floor_rates(before, json.loads(after_path.read_text()))
+        from liac.profile import parse_profile
+        from liac.schema_tools import to_data
+
+        data = to_data(hw)
+        fields = {k: v for k, v in chosen.items() if k in data}
+        data.update(fields)
+        data["sources"] = {**data["sources"], **{k: "bench/h200.py: the faster of the rates and rates-after probes"
+                                                 for k in fields}}
+        self.summary["floor_rates"] = {k: fields[k] for k in sorted(fields)}
+        return parse_profile(data, "rates-after")
 
     def footprint(self) -> None:
         import torch
@@ -438,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=520.0, help="wall-clock budget of this call")
     parser.add_argument("--reserve-s", type=float, default=40.0,
                         help="seconds the runs leave for the stages after them (floor, footprint)")
+    parser.add_argument("--rates-after-s", type=float, default=20.0,
+                        help="seconds the runs leave for the rates-after stage (its probe: ~13 s on the H200); "
+                             "with less left it is skipped")
     parser.add_argument("--peers-until-s", type=float, default=None,
                         help="the peers stage ends by this many seconds into the call (default: the deadline)")
     parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),
@@ -462,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in stages:
         if name not in STAGES:
             raise SystemExit(f"--stages: unknown stage {name!r}")
+    check_stage_order(stages)
+    args.stage_names = tuple(stages)
     if "compile" not in stages and "runs" in stages and not (bench.out / "summary.json").exists():
         raise SystemExit("--stages: 'runs' needs 'compile' in this call or an earlier summary.json in --out")
     if args.profile and "profile" in stages:
@@ -473,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.profile_path = bench.out / "profile.yaml"
             stages.insert(0, "profile")
     for name in stages:
-        bench.stage(name, getattr(bench, name))
+        bench.stage(name, getattr(bench, name.replace("-", "_")))
     bench.log("done")
     return 0
 

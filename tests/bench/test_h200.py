@@ -3,6 +3,8 @@ and rates stages' run-profile.yaml), as a user's `liac profile` → `liac compil
 
 import argparse
 
+import pytest
+
 from h200 import Bench, parse_points
 
 
@@ -59,3 +61,83 @@ def test_rates_stage_probes_the_decoders_own_gemv_shapes():
     cfg = resolve_model("llama-3.1-8b")
     shapes = set(decoder_gemv_shapes("llama-3.1-8b"))
     assert (cfg.hidden_size, cfg.ffn_dim) in shapes and len(shapes) >= 3
+
+
+def test_rates_after_stage_runs_after_the_runs_and_before_the_floor():
+    import pytest
+    from h200 import STAGES, check_stage_order
+
+    assert STAGES.index("runs") < STAGES.index("peers") < STAGES.index("rates-after") < STAGES.index("floor")
+    check_stage_order(["footprint", "rates", "compile", "runs", "peers", "rates-after", "floor"])
+    check_stage_order(["rates", "runs", "floor"])  # without it, any order as before
+    with pytest.raises(SystemExit, match="'rates-after' must come after 'runs'"):
+        check_stage_order(["rates-after", "runs", "floor"])
+    with pytest.raises(SystemExit, match="must come before 'floor'"):
+        check_stage_order(["runs", "floor", "rates-after"])
+
+
+def test_the_floor_takes_the_faster_probe_per_field():
+    """A floor is a lower bound on step time: per field the higher rate, the shorter sync, per m the higher
+    attention TFLOP/s; the record keeps both probes and after / before."""
+    from h200 import floor_rates
+
+    before = {"ddr_shared_gb_per_s": 124.5, "concurrent_cpu_gb_per_s": 74.3, "pcie_h2d_gb_per_s": 55.0,
+              "split_sync_seconds": 1e-5, "cpu_attention_bf16_tflops": [{"m": 16, "tflops": 0.2},
+                                                                        {"m": 128, "tflops": 0.7}]}
+    after = {"ddr_shared_gb_per_s": 99.6, "concurrent_cpu_gb_per_s": 44.6, "pcie_h2d_gb_per_s": 56.0,
+             "split_sync_seconds": 2e-5, "cpu_attention_bf16_tflops": [{"m": 16, "tflops": 0.1},
+                                                                       {"m": 128, "tflops": 0.9}],
+             "cpu_kv_read_gb_per_s": 70.0}
+    chosen, record = floor_rates(before, after)
+    assert chosen["ddr_shared_gb_per_s"] == 124.5 and chosen["concurrent_cpu_gb_per_s"] == 74.3
+    assert chosen["pcie_h2d_gb_per_s"] == 56.0 and chosen["split_sync_seconds"] == 1e-5
+    assert chosen["cpu_attention_bf16_tflops"] == [{"m": 16, "tflops": 0.2}, {"m": 128, "tflops": 0.9}]
+    assert chosen["cpu_kv_read_gb_per_s"] == 70.0 and "cpu_kv_read_gb_per_s" not in record  # one probe only
+    assert record["ddr_shared_gb_per_s"] == {"before": 124.5, "after": 99.6, "ratio": 0.8, "floor": 124.5}
+    assert record["cpu_attention_bf16_tflops"][1]["ratio"] == pytest.approx(0.9 / 0.7, abs=1e-3)
+
+
+def test_emulated_call_writes_both_probes_and_prices_the_floor_with_the_faster(tmp_path, monkeypatch):
+    """An emulated call (no GPU) with rates before and after the runs: rates.json and rates-after.json written,
+    summary.json records both with their ratio, run-profile.yaml keeps the first probe, and the floor prices with
+    the faster of the two (the probes are replaced by fixed rates: no timing is asserted)."""
+    import json
+
+    import h200
+    import yaml
+
+    probes = iter([{"cpu_ddr_read_gb_per_s": 50.0, "cpu_kv_read_gb_per_s": 60.0},
+                   {"cpu_ddr_read_gb_per_s": 40.0, "cpu_kv_read_gb_per_s": 90.0}])
+    monkeypatch.setattr("liac.probe.measure_rates", lambda sizes, use_gpu=None: next(probes))
+    monkeypatch.setattr("liac.probe.split_sync_seconds", lambda gpu: 1e-5)
+    monkeypatch.setattr("liac.probe.attention_curve", lambda queries, repeats: [(q, 0.5) for q in queries])
+    seen = []
+    monkeypatch.setattr("floor.workload_floor", lambda graph, hw, **kw: seen.append(hw) or {"seconds": 1.0})
+    out = tmp_path / "out"
+    assert h200.main(["--out", str(out), "--emulate", "--profile", "spr-h100", "--stages",
+                      "rates,rates-after,floor", "--points", "128:1"]) == 0
+    assert json.loads((out / "rates.json").read_text())["cpu_ddr_read_gb_per_s"] == 50.0
+    assert json.loads((out / "rates-after.json").read_text())["cpu_kv_read_gb_per_s"] == 90.0
+    run_profile = yaml.safe_load((out / "run-profile.yaml").read_text())
+    assert run_profile["cpu_kv_read_gb_per_s"] == 60.0  # the first probe's: what the plans were priced for
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rates_probes"]["cpu_kv_read_gb_per_s"] == {"before": 60.0, "after": 90.0, "ratio": 1.5,
+                                                               "floor": 90.0}
+    assert summary["rates_probes"]["cpu_ddr_read_gb_per_s"]["floor"] == 50.0
+    assert [s for s in summary["stages"].values() if s["status"] != "done"] == []
+    assert seen[0].cpu_ddr_read_gb_per_s == 50.0 and seen[0].cpu_kv_read_gb_per_s == 90.0
+    assert json.loads((out / "floor.json").read_text())[0]["seconds"] == 1.0
+
+
+def test_rates_after_is_skipped_with_its_reason_when_time_is_short(tmp_path, monkeypatch):
+    import json
+
+    import h200
+
+    monkeypatch.setattr("liac.probe.measure_rates", lambda *a, **k: pytest.fail("probed past the deadline"))
+    out = tmp_path / "out"
+    assert h200.main(["--out", str(out), "--emulate", "--profile", "spr-h100", "--stages", "rates-after",
+                      "--deadline-s", "5", "--rates-after-s", "20"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert not (out / "rates-after.json").exists()
+    assert summary["skipped"][0]["stage"] == "rates-after" and "out of time" in summary["skipped"][0]["reason"]
