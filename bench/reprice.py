@@ -44,6 +44,10 @@ part), and the whole unit measured beside its re-priced compute (the slower part
 --units NAME,... prints, per run and layer group, the profiled decode step's ms of those units (runs.json
 `metrics.sublayers`, a mean per layer; a split also its CPU part and GPU part) beside the plan's own price and the
 re-priced one (compute + transfers), e.g. `--units experts` for an MoE call (bench/moe_h200.py).
+--rates-after prices with the call's second rates probe (bench/h200.py's rates-after stage: rates-after.json, or
+where that file did not come back, the 'after' side of summary.json's 'rates_probes'): its fields replace the
+profile's (the profile's own fields the probe measured), so a run can be set beside the rates of the machine state
+right after it as well as before it. --set still wins over it.
 No GPU is needed; prints a table, writes nothing.
 """
 
@@ -342,6 +346,23 @@ def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[d
     return out
 
 
+def rates_after_fields(call: Path) -> dict:
+    """The call's rates-after probe (bench/h200.py): rates-after.json, else the 'after' values of summary.json's
+    'rates_probes' → {profile field: value} (the attention curve as [{m, tflops}])."""
+    from liac.errors import LiacError
+
+    path = call / "rates-after.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    summary = call / "summary.json"
+    probes = json.loads(summary.read_text()).get("rates_probes") if summary.exists() else None
+    if not probes:
+        raise LiacError(str(path), "not found (and no 'rates_probes' in summary.json): run the call with the "
+                        "rates-after stage")
+    return {f: [{"m": p["m"], "tflops": p["after"]} for p in r] if isinstance(r, list) else r["after"]
+            for f, r in probes.items()}
+
+
 def _number(text: str) -> tuple[str, float]:
     name, _, value = text.partition("=")
     try:
@@ -360,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
     parser.add_argument("--cpu-rates-from-runs", action="store_true",
                         help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
+    parser.add_argument("--rates-after", action="store_true",
+                        help="price with the call's rates-after probe (rates-after.json) in place of its rates")
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
     parser.add_argument("--units", default="", metavar="NAME,...",
                         help="per layer group, these units' profiled decode ms beside their prices")
@@ -388,11 +411,19 @@ def main(argv: list[str] | None = None) -> int:
                 overrides.setdefault(field, rate)
                 notes.append(f"{field} = {rate:.1f} GB/s (median of {samples} profiled CPU units; the rates stage "
                              f"measured {getattr(profile, field):.1f})")
-        if overrides:
+        after = {}
+        if args.rates_after:
+            after = {k: v for k, v in rates_after_fields(args.call).items() if k in to_data(profile)}
+            notes.append("rates-after: " + ", ".join(f"{k} = {v:g}" for k, v in sorted(after.items())
+                                                     if isinstance(v, (int, float))))
+        if overrides or after:
             data = to_data(profile)
             unknown = sorted(set(overrides) - set(data))
             if unknown:
                 raise LiacError("--set", f"unknown profile field '{unknown[0]}'")
+            data.update(after)
+            data["sources"] = {**data["sources"], **{k: "bench/reprice.py --rates-after (rates-after.json)"
+                                                     for k in after}}
             data.update(overrides)
             data["sources"] = {**data["sources"], **{k: "bench/reprice.py override" for k in overrides}}
             profile = parse_profile(data, "--set")

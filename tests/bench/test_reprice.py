@@ -227,3 +227,36 @@ def test_main_prints_the_split_parts_table(capsys):
     assert reprice.main([str(CALL.parent / "i12k"), "--split-parts"]) == 0
     out = capsys.readouterr().out
     assert "CPU part ms (priced)" in out and "1792@250‰" in out and out.count(" lm_head ") == 4
+
+
+def test_rates_after_overrides_the_run_profiles_rates(tmp_path, capsys):
+    """--rates-after prices with the call's second probe: its fields replace the run-profile's; a slower CPU GEMV
+    and PCIe after the runs price every plan slower, and the override is named in the notes."""
+    import json
+    import shutil
+
+    from liac.profile import resolve_profile
+
+    call = tmp_path / "call"
+    shutil.copytree(CALL, call)
+    assert reprice.main([str(call), "--rates-after"]) == 2  # no rates-after.json, no rates_probes: one line
+    assert "rates-after.json" in capsys.readouterr().err
+    profile = resolve_profile(str(call / "run-profile.yaml"))
+    after = {"cpu_ddr_read_gb_per_s": profile.cpu_ddr_read_gb_per_s / 2,
+             "pcie_h2d_gb_per_s": profile.pcie_h2d_gb_per_s / 2, "concurrent_cpu_gb_per_s": 40.0}  # not a field
+    (call / "rates-after.json").write_text(json.dumps(after))
+    assert reprice.main([str(call), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert reprice.main([str(call), "--json", "--rates-after"]) == 0
+    moved = json.loads(capsys.readouterr().out)
+    assert any(n.startswith("rates-after:") and "cpu_ddr_read_gb_per_s" in n for n in moved["notes"])
+    for a, b in zip(before["runs"], moved["runs"]):
+        assert a["plan"] == b["plan"] and b["repriced_decode_ms"] > a["repriced_decode_ms"]
+    # where rates-after.json did not come back, summary.json's rates_probes hold the same 'after' values
+    (call / "rates-after.json").unlink()
+    summary = json.loads((call / "summary.json").read_text())
+    summary["rates_probes"] = {k: {"before": getattr(profile, k), "after": v, "ratio": 0.5, "floor": 0}
+                               for k, v in after.items() if k != "concurrent_cpu_gb_per_s"}
+    (call / "summary.json").write_text(json.dumps(summary))
+    assert reprice.main([str(call), "--json", "--rates-after"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == moved["runs"]
