@@ -37,3 +37,8 @@ fi
 left=$(( budget - ($(date +%s) - began) ))
 python3 bench/h200.py --out "$out" --plans-dir .device-plans --deadline-s "$left" "$@" > "$out/log.txt" 2>&1
 grep -v "random weights\|^lia-run: " "$out/log.txt" | tail -n 60
+# at most 8 files come back: where the call wrote more (compile + rates-after), setup.txt goes to the head of log.txt
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+    { echo "== setup.txt (folded in: more than 8 files) =="; cat "$out/setup.txt"; echo "== log =="; cat "$out/log.txt"; } > "$out/log.tmp"
+    mv "$out/log.tmp" "$out/log.txt" && rm -f "$out/setup.txt"
+fi
