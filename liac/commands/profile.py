@@ -9,13 +9,17 @@ measured (AMX, AVX-512, AVX2) and warns when there is no AMX.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from liac import host
 from liac.errors import LiacError
 from liac.fileio import check_writable
-from liac.profile import host_profile_path, resolve_profile
+from liac.profile import host_profile_path, load_profile, resolve_profile
 
 __all__ = ["register", "run"]
 
@@ -76,10 +80,43 @@ def run(args) -> int:
 def _with_gpu_footprint(profile):
     """Run small plans through the runtime on this GPU (liac/host.py `footprint_probes`) and measure what the process
     holds beside a plan's arena (runtime/footprint.py): the footprint fields of Eq. 14, and from the decode steps of
-    those that cross PCIe (`op_probes`) the runtime's host time per unit (Eq. 24)."""
+    those that cross PCIe (`op_probes`) the runtime's host time per unit (Eq. 24).
+
+    The runs go in a child process, as a `lia-run` starts: in this one the GPU benchmarks before them left the caching
+    allocator with partly used segments (and cuBLAS its workspaces), whose free space hid the probes' activations.
+    Measured on the H200 (2026-12-02, call i12v): in-process the probes' activation peaks read 0.00-1.75x the model
+    and the workspaces 1 MiB; a fresh process read 2.33x and 33 MiB, and a plan compiled for 1.75x ran out of
+    memory in its warm-up."""
+    probes = host.footprint_probes(profile) + host.op_probes(profile)
+    measured = measure_footprint_in_child(profile)
+    return host.with_footprint(profile, probes, measured["library_bytes"], measured["context_bytes"],
+                               tuple(measured["activation_bytes"]), tuple(measured["decode_step_seconds"]))
+
+
+def measure_footprint_in_child(profile, python: str = sys.executable) -> dict:
+    """runtime/footprint.py `measure_footprint` over `profile`'s footprint and op probes, in a fresh process
+    (`python -m liac.commands.profile PROFILE.yaml`) → its `Footprint` fields as a dict. A failure there is one
+    LiacError line (the child's last line of stderr)."""
+    with tempfile.TemporaryDirectory(prefix="liac-profile-") as tmp:
+        path = host.write_profile(profile, Path(tmp) / "profile.yaml")
+        done = subprocess.run([python, "-m", "liac.commands.profile", str(path)], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise LiacError("liac profile", f"measuring the GPU footprint in a fresh process failed: {last}")
+    return json.loads(lines[-1])
+
+
+def _footprint_main(argv: list[str]) -> int:
+    """The child of `measure_footprint_in_child`: the probes of the profile at argv[0], measured; one JSON line."""
     from liac.runtime.footprint import measure_footprint  # late import: the runtime a command calls
 
+    profile = load_profile(argv[0])
     probes = host.footprint_probes(profile) + host.op_probes(profile)
     measured = measure_footprint([(p.plan, p.batch, p.prompt_len) for p in probes])
-    return host.with_footprint(profile, probes, measured.library_bytes, measured.context_bytes,
-                               measured.activation_bytes, measured.decode_step_seconds)
+    print(json.dumps(dataclasses.asdict(measured)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_footprint_main(sys.argv[1:]))

@@ -243,3 +243,27 @@ def test_a_failed_placement_lifts_no_cap_it_did_not_set_and_keeps_no_frames(monk
         Engine.from_plan(compiled(OPT, 200 * MIB), RandomWeights(0), backend=backend)
     assert error.value.__cause__.__traceback__ is None
     assert backend.calls == [("cap", None)]  # never capped; the give-back lifts any cap all the same
+
+
+@pytest.mark.gpu
+def test_liac_profile_measures_the_activations_beside_a_fragmented_allocator():
+    """`liac profile` runs its GPU benchmarks before the footprint probes. Measured in that same process, the partly
+    used segments they left hid the probes' activations (0.00x the model on the H200, 2026-12-02, where a fresh
+    process read 2.33x) and a plan compiled for it ran out of memory. The child process sees every probe's peak."""
+    import torch
+
+    from liac.commands.profile import measure_footprint_in_child
+    from liac.host import footprint_probes, op_probes
+    from liac.profile import resolve_profile
+
+    base = resolve_profile("h200-measured")
+    keep = []
+    for _ in range(8):  # a benchmark's leftovers: big blocks freed, each segment kept by a small live tensor
+        big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        del big
+        keep.append(torch.empty(2 << 20, dtype=torch.uint8, device="cuda"))  # large pool: splits the freed block
+    measured = measure_footprint_in_child(base)
+    probes = footprint_probes(base) + op_probes(base)
+    sized = [m for p, m in zip(probes, measured["activation_bytes"]) if p.sets_factor]
+    assert sized and min(sized) > 0, sized
+    del keep
