@@ -3,6 +3,7 @@ ordering costs beyond the steady state that Eq. 7 assumes.
 
     python bench/replay_step.py bench/results/h200-2026-12-02/i12-eq24             # every plan of the call
     python bench/replay_step.py CALL --plans opt-30b.h200-run.b32-p128-g32 --no-queue
+    python bench/replay_step.py CALL --plans NAME --account      # where the step went: both paths, one, bubbles
 
 The decode pass of each plan is built by the runtime itself (`liac.runtime.schedule.build_schedule`: its ops, moves,
 stream units and staging slots) and each op gets its unit's price from the cost model (`price_plan` under the call's
@@ -25,6 +26,13 @@ runs at `concurrent_cpu_gb_per_s` / `cpu_ddr_read_gb_per_s` of its speed and the
 (rates.json), alone each at its own rate. A replay is a model too (prices, not measurements, and every CPU op taken
 as DDR-bound); it tells a plan's structure apart from its prices: docs/benchmarks.md ("Why the compiled plan lost at
 batch 8 and 32"). No GPU is needed; prints a table, writes nothing.
+
+--account prints, per plan, the replayed step by what ran at once: 'both' (the CPU computing while the engine copies
+weights, what the floor assumes of the whole step), 'stream only' (the main thread in an op's host time or a sync),
+'cpu only' (the engine idle or on an activation), and the bubbles where neither moves offloaded bytes, named by the
+main thread's wait (an op's host time, or a sync on the compute stream) and the copy engine's (a slot not yet
+released, nothing issued yet, an activation copy). --defer-issue replays a variant of the protocol in which a
+release's copy is issued only once the next crossing to the GPU is queued (so that crossing never queues behind it).
 """
 
 from __future__ import annotations
@@ -126,9 +134,14 @@ def _program(plan, profile, graph) -> tuple[list[tuple], list[list[float]], list
     return program, copies, slots
 
 
-def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5, queue: bool = True) -> list[float]:
+def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5, queue: bool = True,
+           account: list[dict] | None = None, defer: bool = False) -> list[float]:
     """Seconds of each of `steps` decode steps of `plan` replayed through the runtime's protocol (module docstring);
-    the first step's copies start at time 0, every later one's at the previous step's prime."""
+    the first step's copies start at time 0, every later one's at the previous step's prime.
+
+    `account`, when given, receives one dict per step: seconds by what the main thread and the copy engine were
+    doing at once (`_state`: 'both' CPU computing and weights copying, 'stream only', 'cpu only', and the bubbles
+    where neither moves bytes, by what each agent waits for)."""
     program, copies, slots = _program(plan, profile, graph)
     nbuf = max(slots) + 1 if slots else 1
     copy_queue: list[list] = []   # ['wait', record id] | ['copy', bytes left] | ['landed', (step, unit)]
@@ -147,6 +160,7 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
         issue(0, unit)
     work = [(step, entry) for step in range(steps) for entry in program + [("prime", [], -1)]]
     position, now, ends = 0, 0.0, []
+    deferred: list[tuple[int, int]] = []  # defer: copies a release would issue, held until the next crossing
     current: list[tuple] | None = None
     engine: list | None = None  # [source, bytes left, carries weights]
     while True:
@@ -155,6 +169,10 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
                 break
             step, (kind, items, unit) = work[position]
             position += 1
+            if kind in ("prime", "wait"):
+                for key in deferred:
+                    issue(*key)
+                deferred.clear()
             if kind == "prime":
                 ends.append(now)
                 if step + 1 < steps:
@@ -169,7 +187,10 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
                 compute.append(["record", rid])
                 last_record[slots[unit]] = rid
                 if unit + nbuf < len(copies):
-                    issue(step, unit + nbuf)
+                    if defer:
+                        deferred.append((step, unit + nbuf))
+                    else:
+                        issue(step, unit + nbuf)
                 continue
             current = [list(item) for item in items]
             continue
@@ -179,6 +200,10 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
                 break
             if head[0] == "activation" and queue:
                 compute.append(["activation", ACTIVATION_BYTES])
+            if head[0] == "activation":
+                for key in deferred:
+                    issue(*key)
+                deferred.clear()
             elif head[0] == "kernel":
                 compute.append(["kernel", head[1]])
             current.pop(0)
@@ -200,6 +225,11 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
                 engine = ["copy", copy_queue[0][1], True]
         cpu_busy = current[0][0] == "cpu"
         dma_busy = engine is not None and engine[2]
+        if account is not None:
+            while len(account) <= step:
+                account.append({})
+            key = _state(current[0][0], engine, copy_queue, recorded, compute)
+            account[step][key] = account[step].get(key, 0.0) + dt
         if compute:
             head = compute[0]
             if head[0] == "kernel":
@@ -229,12 +259,39 @@ def replay(plan, profile, graph, rates: Rates, steps: int = 2, dt: float = 1e-5,
     return [b - a for a, b in zip([0.0] + ends, ends)]
 
 
+def _state(main: str, engine, copy_queue, recorded, compute) -> str:
+    """What one time step of the replay is spent on (replay's `account`)."""
+    if main == "cpu":
+        return "both" if engine is not None and engine[2] else "cpu only"
+    if engine is not None and engine[2]:
+        return "stream only"
+    # neither moves offloaded bytes: a bubble, named by what the main thread and the copy engine wait for
+    if main == "drain":
+        thread = "sync"  # a join or a copy to the host waits for the compute stream
+    else:
+        thread = "host"  # an op's host time (launch, dispatch, Eq. 24)
+    if engine is not None:
+        copy = "activation copy"
+    elif copy_queue and copy_queue[0][0] == "wait" and copy_queue[0][1] not in recorded:
+        copy = "slot release"  # the next copy waits for the layer that holds its slot to release it
+    elif not copy_queue:
+        copy = "nothing issued"
+    else:
+        copy = "queued"
+    kernel = " (GPU computing)" if compute and compute[0][0] == "kernel" else ""
+    return f"bubble: {thread}; copy {copy}{kernel}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("call", type=Path, help="a device call's result folder (runs.json, run-profile.yaml, plans)")
     parser.add_argument("--plans", default="", help="comma-separated plan names (default: every run of the call)")
     parser.add_argument("--dt", type=float, default=1e-5, help="time step, seconds")
     parser.add_argument("--no-queue", action="store_true", help="activation copies never wait for the copy engine")
+    parser.add_argument("--defer-issue", action="store_true",
+                        help="a release's copy is issued only after the next crossing to the GPU is queued")
+    parser.add_argument("--account", action="store_true",
+                        help="also print where each replayed step went: both paths busy, one, or a bubble and its wait")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from reprice import load_call_plans
@@ -264,11 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         plan = plans[name]
         graph = graphs.setdefault(plan.spec.model.config_sha256, trace_model(plan.model_config))
-        step = replay(plan, profile, graph, rates, dt=args.dt, queue=not args.no_queue)[-1]
+        account: list[dict] = []
+        step = replay(plan, profile, graph, rates, dt=args.dt, queue=not args.no_queue, account=account,
+                      defer=args.defer_issue)[-1]
         value = measured.get(name)
         priced = price_plan(plan, hw=profile, graph=graph).decode_seconds_per_token
         print(f"{name:44s} {value if value is not None else float('nan'):25.1f} {priced * 1e3:9.1f} "
               f"{step * 1e3:9.1f}")
+        if args.account:
+            for key, seconds in sorted(account[-1].items(), key=lambda item: (-item[1], item[0])):
+                print(f"    {key:58s} {seconds * 1e3:8.1f} ms")
     return 0
 
 

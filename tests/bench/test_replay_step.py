@@ -75,3 +75,28 @@ def test_main_prints_a_table(capsys):
     out = capsys.readouterr().out
     assert "opt-30b.h200-run.b1-p128-g32" in out and "replayed" in out
     assert replay_step.main([str(CALL), "--plans", "no-such-plan"]) == 2
+
+
+def test_the_account_adds_up_to_the_step(call):
+    """--account: the replayed step's time by what ran at once sums to the step; the batch-1 plan (CPU projections
+    beside the stream) overlaps the two paths for most of it, and without DDR contention its bubbles do not grow."""
+    plans, profile, graph, rates = call
+    plan = plans["opt-30b.h200-run.b1-p128-g32"]
+    account: list[dict] = []
+    steps = replay_step.replay(plan, profile, graph, rates, dt=DT, account=account)
+    assert len(account) == 2
+    assert sum(account[-1].values()) == pytest.approx(steps[-1], abs=3 * DT)
+    assert account[-1]["both"] > 0.5 * steps[-1]
+    assert all(key == "both" or key in ("stream only", "cpu only") or key.startswith("bubble: ")
+               for key in account[-1])
+
+
+def test_deferring_the_release_copy_only_moves_the_wait(call):
+    """--defer-issue: a release's copy held until the next crossing is queued takes the crossings off the copy
+    engine's queue, and the engine then waits for the CPU instead: the replayed step is not shorter than the
+    protocol's (so the runtime keeps issuing at the release)."""
+    plans, profile, graph, rates = call
+    plan = plans["opt-30b.h200-run.b8-p128-g32"]
+    queued = replay_step.replay(plan, profile, graph, rates, dt=DT)[-1]
+    deferred = replay_step.replay(plan, profile, graph, rates, dt=DT, defer=True)[-1]
+    assert deferred >= queued - 2 * DT
