@@ -11,6 +11,7 @@ tests use to check that activations cross PCIe exactly where the plan says.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -75,6 +76,7 @@ class Backend:
     name = "abstract"
     emulated = False
     pin_memory = False
+    mapped_crossings = False  # CudaBackend: small crossings to the GPU read in place by a kernel (`transfer`)
 
     def __init__(self, gpu: torch.device):
         self.devices = {"cpu": torch.device("cpu"), "gpu": gpu}
@@ -213,6 +215,9 @@ class CudaBackend(Backend):
         self._copy_stream = torch.cuda.Stream(device=self.devices["gpu"])
         self._store_stream = torch.cuda.Stream(device=self.devices["gpu"])  # GPU → host K, V writes of a prefill
         self._stores_pending = False
+        self.mapped_crossings = True  # small crossings to the GPU read in place by a kernel (`transfer`)
+        self.mapped_note: str | None = None  # why they are not, where that was found out
+        self._mapped_held: collections.deque = collections.deque()  # (event, host block) until its reader has run
 
     def copy_stream(self):
         return self._copy_stream
@@ -229,19 +234,26 @@ class CudaBackend(Backend):
     def timing_event(self):
         return torch.cuda.Event(enable_timing=True)
 
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.devices["gpu"])
-
     def transfer(self, tensor, dst, value=""):
         """Activations cross through page-locked host memory both ways, as the cost model prices them (Eq. 2, at
         the profile's pinned PCIe rates): a copy from or into pageable memory runs through the driver's own bounce
         buffer at a fraction of that rate and holds the host thread for all of it. To the GPU the copy is then
         queued on the compute stream and the host thread goes on; to the host it is waited for (the CPU reads it
         next). The pinned blocks come from torch's caching host allocator, which keeps one until the copies that
-        use it have run."""
+        use it have run.
+
+        To the GPU, an activation of at most `MAPPED_MAX_BYTES` (a decode step's crossings) is not copied by the
+        copy engine: a kernel on the compute stream reads it from the page-locked block itself (`_read_mapped`),
+        so it never queues behind the staging copies that engine runs in the order they were issued (a layer's
+        CPU output waited for the whole next weight copy: docs/benchmarks.md, "The gap to the floor")."""
         self.transfers.count(tensor.numel() * tensor.element_size(), dst == "gpu", value)
         if dst == "gpu":
-            return _pinned(tensor).to(self.devices["gpu"], non_blocking=True)
+            host = _pinned(tensor)
+            if self.mapped_crossings and host.numel() * host.element_size() <= MAPPED_MAX_BYTES:
+                mapped = self._read_mapped(host)
+                if mapped is not None:
+                    return mapped
+            return host.to(self.devices["gpu"], non_blocking=True)
         out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         out.copy_(tensor, non_blocking=True)  # a strided source is made contiguous on the GPU first
         torch.cuda.current_stream(self.devices["gpu"]).synchronize()
@@ -260,6 +272,41 @@ class CudaBackend(Backend):
             outs.append(out)
         torch.cuda.current_stream(self.devices["gpu"]).synchronize()
         return outs
+
+    def _read_mapped(self, host: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor | None:
+        """`host` (page-locked, contiguous) on the GPU, read by a kernel on the compute stream through the host
+        block's device mapping (unified addressing: a page-locked block's address is valid on the device), not by
+        the copy engine: into a new tensor, or into `into` (a GPU view of `host`'s shape that is not contiguous, so
+        that torch's copy is a kernel, never a memcpy). The block is held until an event after that kernel has
+        passed (torch's host allocator only tracks the copies it issues). None where the block cannot be read so
+        (then the caller copies it), and from then on for good if this torch cannot alias it (`mapped_note`)."""
+        if not host.is_contiguous() or not host.numel() or not _mapped_in_place(host.data_ptr()):
+            return None  # a block the device cannot read at its host address: the copy engine copies it
+        gpu = self.devices["gpu"]
+        try:
+            alias = _alias(host, gpu)
+            if into is None:
+                into = torch.empty(host.shape, dtype=host.dtype, device=gpu)
+                _byte_copy(into, alias)
+            else:
+                into.copy_(alias.view(host.dtype).view(host.shape))
+        except (RuntimeError, TypeError, AttributeError) as e:  # this torch cannot alias it: copies from now on
+            self.mapped_crossings = False
+            self.mapped_note = f"small crossings to the GPU go through the copy engine (no mapped read: {e})"
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        held = self._mapped_held
+        held.append((event, host))
+        while held and (len(held) > MAPPED_HELD_MAX or held[0][0].query()):
+            if len(held) > MAPPED_HELD_MAX:
+                held[0][0].synchronize()
+            held.popleft()
+        return into
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.devices["gpu"])
+        self._mapped_held.clear()
 
     def copy_into(self, dst, src, to_gpu, value="", beside=False):
         if beside and not to_gpu and dst.is_pinned():
@@ -285,8 +332,14 @@ class CudaBackend(Backend):
     def _copy_into(self, dst, src, to_gpu, value, stream):
         self.transfers.count(src.numel() * src.element_size(), to_gpu, value)
         if to_gpu and src.device.type == "cpu":
-            # A KV write from the CPU into an HBM cache: from page-locked memory, queued on the compute stream.
-            dst.copy_(_pinned(src), non_blocking=True)
+            # A KV write from the CPU into an HBM cache: from page-locked memory, queued on the compute stream; a
+            # decode step's (small, into a strided slice of the cache) read in place, off the copy engine
+            host = _pinned(src)
+            if self.mapped_crossings and stream is None and not dst.is_contiguous() \
+                    and host.numel() * host.element_size() <= MAPPED_MAX_BYTES \
+                    and self._read_mapped(host, dst) is not None:
+                return
+            dst.copy_(host, non_blocking=True)
             return
         # GPU → pinned host: asynchronous on the current stream (the compute stream, or with `stream` the store
         # stream, which `join_stores` joins). A CPU reader of `dst` always first receives an activation from the GPU
@@ -383,6 +436,45 @@ class CudaBackend(Backend):
         return f"{self.devices['gpu']} ({props.name}, {props.total_memory / GIB:.0f} GiB)"
 
 
+MAPPED_MAX_BYTES = 1 << 20  # crossings to the GPU up to this size are read in place (a decode step's, to batch 64)
+MAPPED_HELD_MAX = 256  # host blocks held for their readers before the oldest is waited for
+
+
+_MEMORY_TYPE_HOST = 1  # cudaMemoryTypeHost
+
+
+def _mapped_in_place(address: int) -> bool:
+    """Whether the device reads the host block at `address` at that same address: page-locked host memory
+    (cudaPointerGetAttributes: type host) whose device pointer is its host pointer (unified addressing). False
+    where libcudart cannot be reached through ctypes or the call fails."""
+    get = _cudart_function("cudaPointerGetAttributes")
+    if get is None:
+        return False
+    # struct cudaPointerAttributes {int type; int device; void *devicePointer; void *hostPointer; ...}: read the
+    # four fields from a buffer larger than any version's struct
+    buffer = (ctypes.c_char * 256)()
+    if int(get(buffer, ctypes.c_void_p(address))) != 0:
+        _clear_cuda_error()
+        return False
+    kind = ctypes.c_int.from_buffer(buffer, 0).value
+    device_pointer = ctypes.c_void_p.from_buffer(buffer, 8).value
+    return kind == _MEMORY_TYPE_HOST and device_pointer == address
+
+
+def _alias(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor on `device` over `host`'s bytes (no copy, not owning them): the address of a page-locked
+    host block is valid on a CUDA device with unified addressing."""
+    nbytes = host.numel() * host.element_size()
+    storage = torch._C._construct_storage_from_data_pointer(host.data_ptr(), device, nbytes)
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+def _byte_copy(out: torch.Tensor, source: torch.Tensor) -> None:
+    """`out`'s bytes (contiguous) from the uint8 tensor `source`, by an elementwise kernel (`bitwise_or` with 0:
+    bit-exact for any dtype), never a memcpy: on the GPU that would go to the copy engine again."""
+    torch.bitwise_or(source, 0, out=out.reshape(-1).view(torch.uint8))
+
+
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
     """A host tensor in page-locked memory: itself when it is, else a contiguous pinned copy (the host's copy_ runs
     on every intra-op thread, several times the rate of the driver's bounce buffer for a pageable source)."""
@@ -407,6 +499,25 @@ def _loaded_cudart_paths() -> list[str]:
     major = (torch.version.cuda or "").split(".")[0]
     # the runtime torch itself uses first (another package may have loaded a second one)
     return sorted(paths, key=lambda p: (f"libcudart.so.{major}" not in p, p))
+
+
+_CUDART_FUNCTIONS: dict = {}  # name → the ctypes function of the libcudart torch loaded, or None
+
+
+def _cudart_function(name: str):
+    """A libcudart function taking and returning C ints and pointers (ctypes' defaults), or None (a static build, no
+    CUDA); looked up once per name."""
+    if name not in _CUDART_FUNCTIONS:
+        function = None
+        for path in _loaded_cudart_paths():
+            try:
+                function = getattr(ctypes.CDLL(path), name)
+            except (OSError, AttributeError):
+                continue
+            function.restype = ctypes.c_int
+            break
+        _CUDART_FUNCTIONS[name] = function
+    return _CUDART_FUNCTIONS[name]
 
 
 def _cudart_memcpy_2d():

@@ -29,7 +29,7 @@ import torch
 
 from liac.errors import LiacError
 from liac.plan import API_VERSION, HOST_TIERS, PHASES, TIERS, OffloadPlan, batch_plan, check_semantics, load_plan
-from liac.runtime.backend import Backend, host_available_bytes, make_backend
+from liac.runtime.backend import Backend, CudaBackend, host_available_bytes, make_backend
 from liac.runtime.executor import Executor, greedy
 from liac.runtime.hostweights import HostWeights
 from liac.runtime.kernels import choose_cpu_linear
@@ -128,6 +128,7 @@ class _Options:
     warm_up: bool | tuple[int, int]
     expert_share: str | float = "load"
     cpu_wake: bool = False
+    mapped_crossings: bool = True
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ class Engine:
                   backend: Backend | None = None, dtype: torch.dtype | None = None, progress: bool = False,
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
-                  expert_share: str | float = "load", cpu_wake: bool = False) -> "Engine":
+                  expert_share: str | float = "load", cpu_wake: bool = False,
+                  mapped_crossings: bool = True) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -266,6 +268,10 @@ class Engine:
                 while the GPU still computes the router (runtime/executor.py `_CpuTeamWake`); off by default: on
                 the H200 machine the expert kernel after an idle pause kept its back-to-back rate, and the A/B
                 showed no gain (docs/benchmarks.md, moe-wake).
+            mapped_crossings: on a CUDA GPU, a crossing to the GPU of at most 1 MiB (a decode step's activations
+                and K, V writes) is read from its page-locked block by a kernel on the compute stream, not copied by
+                the copy engine, where it would queue behind the staging copies (runtime/backend.py
+                `CudaBackend.transfer`); False: every crossing is copied (the engine sets this on its backend).
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -275,7 +281,7 @@ class Engine:
                                                             and expert_share > 0)):
             raise ValueError(f"expert_share must be 'auto', 'load', 'off' or a positive number, got {expert_share!r}")
         options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
-                           expert_share, bool(cpu_wake))
+                           expert_share, bool(cpu_wake), bool(mapped_crossings))
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -352,6 +358,10 @@ class Engine:
         notes = [cxl.note] if cxl.note and cxl.node is None else []
         if backend.emulated:
             notes.append(backend.describe())
+        if isinstance(backend, CudaBackend):
+            backend.mapped_crossings = options.mapped_crossings and backend.mapped_note is None
+            if backend.mapped_note is not None:
+                notes.append(backend.mapped_note)
         shapes = {p.canonical: p.shape for params in schedule.params.values() for p in params}
 
         def copy_shape(canonical: str, tier: str) -> tuple[int, ...]:  # the rows of it this tier holds
