@@ -13,7 +13,9 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
   compile  `liac.api.compile_plans` with that profile (--compile-for-call: run-profile.yaml, that profile with
            the footprint and rates this call measured first), the GPU budget and every (prompt, batch) point, once per
            contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu
-           (each also as NAME+dN: compiled with prefetch depth N, N + 1 staging buffers, e.g. 'whole+d2'); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
+           (each also as NAME+dN: compiled with prefetch depth N, N + 1 staging buffers, e.g. 'whole+d2'; and as
+           NAME@copies: NAME's plans run again with every crossing to the GPU copied by the copy engine,
+           Engine.from_plan(mapped_crossings=False), the A/B of the mapped crossings); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
            (issue 4's check) → plans/, plans.tar.gz
   rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, plus the
            CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
@@ -62,15 +64,24 @@ sys.path.insert(0, str(HERE))
 CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
 
 
+COPIES = "@copies"  # a contender's plans run again with every crossing to the GPU copied by the copy engine
+
+
 def contender_parts(contender: str) -> tuple[str, int]:
     """'whole+d2' → ('whole', 2): a contender compiled with `prefetch_depth` 2 (three staging buffers); the plain
-    name → prefetch depth 1 (the compiler's default)."""
-    base, _, depth = contender.partition("+d")
+    name → prefetch depth 1 (the compiler's default). A trailing '@copies' is not part of it (`compiled_as`)."""
+    base, _, depth = compiled_as(contender).partition("+d")
     return base, int(depth) if depth.isdigit() and int(depth) >= 1 else 1
 
 
+def compiled_as(contender: str) -> str:
+    """'optimal@copies' → 'optimal': the contender whose plans it runs (with Engine.from_plan(mapped_crossings=
+    False): the A/B of runtime/backend.py's mapped crossings, docs/benchmarks.md)."""
+    return contender[:-len(COPIES)] if contender.endswith(COPIES) else contender
+
+
 def known_contender(contender: str) -> bool:
-    base, _, depth = contender.partition("+d")
+    base, _, depth = compiled_as(contender).partition("+d")
     return base in CONTENDERS and (depth == "" or (depth.isdigit() and int(depth) >= 1))
 def decoder_gemv_shapes(model: str) -> tuple[tuple[int, int], ...]:
     """The decoder's weight GEMM matrices (rows, columns) of a zoo model, from its traced graph: the shapes the
@@ -209,7 +220,7 @@ class Bench:
         by_prompt: dict[int, list[int]] = {}
         for prompt, batch in self.args.points:
             by_prompt.setdefault(prompt, []).append(batch)
-        for contender in [c for c in self.args.contenders if known_contender(c)]:
+        for contender in dict.fromkeys(compiled_as(c) for c in self.args.contenders if known_contender(c)):
             base, depth = contender_parts(contender)
             for prompt, batches in by_prompt.items():
                 began = time.monotonic()
@@ -288,8 +299,10 @@ class Bench:
         order = {c: i for i, c in enumerate((*CONTENDERS, "shipped-profile"))}
         by_point: dict[tuple[int, int], list[dict]] = {}
         for entry in plans:
-            if entry["contender"] in self.args.contenders:
-                by_point.setdefault((entry["prompt_len"], entry["batch"]), []).append(entry)
+            for contender in self.args.contenders:  # 'optimal@copies' runs the plans compiled as 'optimal'
+                if compiled_as(contender) == entry["contender"]:
+                    by_point.setdefault((entry["prompt_len"], entry["batch"]), []).append(
+                        dict(entry, contender=contender))
         specs, index = [], []
         for point in self.args.points:  # the order of --points: what matters most first
             entries = sorted(by_point.pop(point, []),
@@ -297,8 +310,9 @@ class Bench:
             for entry in abba(entries) if getattr(self.args, "abba", False) else entries:
                 # the spread across repeats: the liac plan at batch 1 runs `--repeats` times
                 times = self.args.repeats if entry["contender"] == "optimal" and entry["batch"] == 1 else 1
+                copies = {"mapped_crossings": False} if entry["contender"].endswith(COPIES) else {}
                 for _ in range(times):
-                    specs.append(RunSpec(entry["plan"], gen_len=self.args.measure_gen_len))
+                    specs.append(RunSpec(entry["plan"], gen_len=self.args.measure_gen_len, **copies))
                     index.append(entry)
         # Each engine warms up at its run's shapes (Engine.warm_up), so no run is thrown away to warm the process:
         # the first timed request is what a user's first request costs.
@@ -542,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     for contender in args.contenders:
         if not known_contender(contender) and contender != "shipped-profile":
             raise SystemExit(f"--contenders: unknown contender {contender!r} (one of {', '.join(CONTENDERS)}, "
-                             "'shipped-profile', or one of the first with '+dN': compiled with prefetch depth N)")
+                             "'shipped-profile', or one of the first with '+dN': compiled with prefetch depth N, "
+                             "and/or '@copies': its plans run with every crossing copied by the copy engine)")
     args.peers = [p for p in args.peers.split(",") if p]
     args.timeline_batches = tuple(int(b) for b in args.timeline_batches.split(",") if b)
     if args.emulate:

@@ -50,6 +50,9 @@ def collect(folders: list[Path]) -> dict:
                 entry = index[position]
             else:
                 entry = contender_of.get(Path(run["plan_file"]).name, {})
+                if entry.get("contender"):  # a plan's '@copies' run (bench/h200.py) shares its plan file
+                    base = entry["contender"].removesuffix("@copies")
+                    entry = dict(entry, contender=base + "@copies" if run.get("mapped_crossings") is False else base)
             if entry.get("contender") == "warmup":
                 continue
             run = dict(run, contender=entry.get("contender", "?"), call=folder.name)

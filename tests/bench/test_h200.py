@@ -38,6 +38,31 @@ def test_contenders_with_a_prefetch_depth():
         main(["--out", "unused", "--contenders", "optimal,whole+dx"])
 
 
+def test_a_contender_at_copies_runs_the_same_plans_with_crossings_copied(tmp_path, monkeypatch):
+    """'optimal@copies' is no plan of its own: the runs stage runs each 'optimal' plan again with
+    Engine.from_plan(mapped_crossings=False) (the A/B of the mapped crossings), in --abba order beside it."""
+    import run_plans
+    from h200 import compiled_as, contender_parts, known_contender
+
+    assert compiled_as("optimal@copies") == "optimal" and compiled_as("whole+d2@copies") == "whole+d2"
+    assert contender_parts("whole+d2@copies") == ("whole", 2) and known_contender("optimal@copies")
+    assert not known_contender("optimal@nope")
+    seen = []
+    monkeypatch.setattr(run_plans, "run_plans", lambda specs, **kw: seen.extend(specs))
+    args = argparse.Namespace(out=str(tmp_path / "out"), profile=None, plans_dir=str(tmp_path / "plans"),
+                              deadline_s=600.0, reserve_s=10.0, compile_for_call=False, abba=True, repeats=1,
+                              contenders=["optimal", "optimal@copies"], points=[(128, 8)], measure_gen_len=4,
+                              max_run_seconds=60.0, profile_steps=0, emulate=True, timeline_batches=())
+    bench = Bench(args)
+    bench.summary["plans"] = [{"contender": "optimal", "prompt_len": 128, "batch": 8, "plan": "a.yaml"},
+                              {"contender": "whole", "prompt_len": 128, "batch": 8, "plan": "b.yaml"}]
+    bench.runs()
+    assert [(s.plan, s.mapped_crossings) for s in seen] == [("a.yaml", None), ("a.yaml", False),
+                                                            ("a.yaml", False), ("a.yaml", None)]
+    assert [e["contender"] for e in bench.summary["runs_index"]] == ["optimal", "optimal@copies",
+                                                                    "optimal@copies", "optimal"]
+
+
 def test_abba_runs_each_contender_first_once_and_last_once():
     """--abba: a point's contenders in order, then reversed, so each runs once first and once last."""
     from h200 import abba, main
