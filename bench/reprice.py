@@ -44,6 +44,8 @@ part), and the whole unit measured beside its re-priced compute (the slower part
 --units NAME,... prints, per run and layer group, the profiled decode step's ms of those units (runs.json
 `metrics.sublayers`, a mean per layer; a split also its CPU part and GPU part) beside the plan's own price and the
 re-priced one (compute + transfers), e.g. `--units experts` for an MoE call (bench/moe_h200.py).
+--kv-shared-from-rates sets `ddr_shared_kv_gb_per_s` (Eqs. 6 and 18 for the fused decode attention beside the
+stream) for a call whose rates probe predates it, from what the probe did measure (`kv_shared_from_rates`).
 --rates-after prices with the call's second rates probe (bench/h200.py's rates-after stage: rates-after.json, or
 where that file did not come back, the 'after' side of summary.json's 'rates_probes'): its fields replace the
 profile's (the profile's own fields the probe measured), so a run can be set beside the rates of the machine state
@@ -62,7 +64,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "op_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
+__all__ = ["load_call_plans", "kv_shared_from_rates", "op_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
            "attribute_decode", "split_parts", "error_summary", "main"]
 
 GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
@@ -94,6 +96,29 @@ def _yaml(text: str, source: str):
     from liac.fileio import parse_yaml
 
     return parse_yaml(text, source)
+
+
+def kv_shared_from_rates(folder: Path) -> float:
+    """GB/s DDR serves the fused decode attention and the copies beside it (`ddr_shared_kv_gb_per_s`, Eq. 6), for a
+    call whose rates probe did not measure it, from what it did measure (rates.json): the attention's KV read alone
+    slowed by the ratio the GEMV kept beside the copies, plus the copies' rate beside the GEMV,
+
+        cpu_kv_read · concurrent_cpu / cpu_ddr_read + concurrent_h2d
+
+    (the H200 calls of 2026-12-02: 116.4 for i12q, whose prompt-1024 batch-32 runs drew 113 with the attention
+    beside the stream; 99.5 for i12k, whose LIA-partial batch-256 run drew 99.6). A measured field wins."""
+    from liac.errors import LiacError
+
+    path = folder / "rates.json"
+    try:
+        rates = json.loads(path.read_text())
+        rates = rates.get("rates", rates)
+        if rates.get("ddr_shared_kv_gb_per_s"):
+            return float(rates["ddr_shared_kv_gb_per_s"])
+        return (float(rates["cpu_kv_read_gb_per_s"]) * float(rates["concurrent_cpu_gb_per_s"])
+                / float(rates["cpu_ddr_read_gb_per_s"]) + float(rates["concurrent_h2d_gb_per_s"]))
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        raise LiacError(str(path), f"--kv-shared-from-rates needs the rates stage's fields ({e})") from None
 
 
 def op_seconds_from_runs(runs: list[dict]) -> tuple[float, int]:
@@ -383,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
     parser.add_argument("--rates-after", action="store_true",
                         help="price with the call's rates-after probe (rates-after.json) in place of its rates")
+    parser.add_argument("--kv-shared-from-rates", action="store_true",
+                        help="set ddr_shared_kv_gb_per_s from the call's rates.json (a call whose probe did not "
+                             "measure it): the fused attention's KV rate slowed as the GEMV was beside the copies, "
+                             "plus the copies' rate")
     parser.add_argument("--recompile", default="", metavar="B,...", help="compile the optimum at these batches")
     parser.add_argument("--units", default="", metavar="NAME,...",
                         help="per layer group, these units' profiled decode ms beside their prices")
@@ -411,6 +440,11 @@ def main(argv: list[str] | None = None) -> int:
                 overrides.setdefault(field, rate)
                 notes.append(f"{field} = {rate:.1f} GB/s (median of {samples} profiled CPU units; the rates stage "
                              f"measured {getattr(profile, field):.1f})")
+        if args.kv_shared_from_rates:
+            rate = kv_shared_from_rates(args.call)
+            overrides.setdefault("ddr_shared_kv_gb_per_s", rate)
+            notes.append(f"ddr_shared_kv_gb_per_s = {rate:.1f} GB/s (from rates.json; the GEMV's shared rate "
+                         f"{profile.ddr_shared_gb_per_s:.1f})")
         after = {}
         if args.rates_after:
             after = {k: v for k, v in rates_after_fields(args.call).items() if k in to_data(profile)}

@@ -145,7 +145,9 @@ def _gemm_curve(k: int, rotate_bytes: int, repeats: int) -> list[tuple[int, floa
     return curve
 
 
-def _kv_read_rate(total_bytes: int, repeats: int) -> float:
+def _kv_attention(total_bytes: int) -> Callable[[], int]:
+    """The fused decode attention over a batch-8, 32-head bf16 KV cache of about `total_bytes`: a call runs it
+    once and returns the KV bytes it read."""
     heads, head_dim = 32, 128
     per_token = 2 * heads * head_dim * 2  # K and V, bf16
     batch = 8
@@ -153,8 +155,18 @@ def _kv_read_rate(total_bytes: int, repeats: int) -> float:
     k = _random(batch, heads, ctx, head_dim)
     v = _random(batch, heads, ctx, head_dim)
     q = torch.randn(batch, heads, 1, head_dim, dtype=torch.bfloat16)
-    seconds = _median_seconds(lambda: F.scaled_dot_product_attention(q, k, v), repeats)
-    return (k.numel() + v.numel()) * 2 / seconds / GB
+    nbytes = (k.numel() + v.numel()) * 2
+
+    def run() -> int:
+        F.scaled_dot_product_attention(q, k, v)
+        return nbytes
+    return run
+
+
+def _kv_read_rate(total_bytes: int, repeats: int) -> float:
+    attention = _kv_attention(total_bytes)
+    nbytes = attention()
+    return nbytes / _median_seconds(attention, repeats) / GB
 
 
 def attention_curve(queries: tuple[int, ...], repeats: int) -> list[tuple[int, float]]:
@@ -284,8 +296,21 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
 
 def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, float]:
     """CPU GEMV over `weights` while `copies` H2D copies of `host` run; both rates over the overlapped window."""
-    stream = torch.cuda.Stream()
     x = torch.randn(1, weights[0].shape[1], dtype=torch.bfloat16)
+
+    def gemv() -> int:
+        read = 0
+        for w in weights:
+            F.linear(x, w)
+            read += w.numel() * 2
+        return read
+    return _beside_copies(gemv, host, dev, copies, repeats)
+
+
+def _beside_copies(read: Callable[[], int], host, dev, copies: int, repeats: int) -> tuple[float, float]:
+    """A CPU kernel (`read()` runs it and returns the bytes it read) run back to back while `copies` H2D copies of
+    `host` run: (its GB/s, the copies' GB/s) over the overlapped window, the median of `repeats`."""
+    stream = torch.cuda.Stream()
     cpu_rates, h2d_rates = [], []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -298,14 +323,12 @@ def _concurrent(weights, host, dev, copies: int, repeats: int) -> tuple[float, f
             end_event.record(stream)
             done.record(stream)
         start = time.perf_counter()
-        read = 0
+        nbytes = 0
         while not done.query():  # keep the CPU reading as long as the copies run
-            for w in weights:
-                F.linear(x, w)
-                read += w.numel() * 2
+            nbytes += read()
         cpu_seconds = time.perf_counter() - start
         torch.cuda.synchronize()
-        cpu_rates.append(read / cpu_seconds / GB)
+        cpu_rates.append(nbytes / cpu_seconds / GB)
         h2d_rates.append(copies * host.numel() / (start_event.elapsed_time(end_event) / 1e3) / GB)
     return statistics.median(cpu_rates), statistics.median(h2d_rates)
 
@@ -407,7 +430,8 @@ def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use
 def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, float]:
     """The bandwidths a memory-bound step depends on, in profile fields, in seconds rather than minutes: CPU GEMV
     and decode-attention reads over rotated data, and with CUDA pinned H2D, D2H and the CPU reading while H2D runs
-    (their sum is `ddr_shared_gb_per_s`). bench/h200.py measures them beside its runs, so that the floor uses the
+    (their sum is `ddr_shared_gb_per_s`), and the fused decode attention reading its KV cache while H2D runs (their
+    sum is `ddr_shared_kv_gb_per_s`). bench/h200.py measures them beside its runs, so that the floor uses the
     rates of the same machine start (the CPU side of a shared host varies 2-3x between starts)."""
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     weights = _rotated_weights(sizes.gemm_k, max(1, sizes.weight_bytes // (sizes.gemm_k * 2)), sizes.rotate_bytes)
@@ -426,6 +450,11 @@ def measure_rates(sizes: ProbeSizes, use_gpu: bool | None = None) -> dict[str, f
         cpu_rate, h2d_rate = _concurrent(weights, host, dev, copies, sizes.repeats)
         rates["ddr_shared_gb_per_s"] = cpu_rate + h2d_rate
         rates["concurrent_cpu_gb_per_s"], rates["concurrent_h2d_gb_per_s"] = cpu_rate, h2d_rate
+        # the fused decode attention beside the same copies: what DDR serves that kernel and the stream
+        # (`ddr_shared_kv_gb_per_s`, Eqs. 6 and 18: it drew more than the GEMV's total on the H200)
+        kv_rate, h2d_kv_rate = _beside_copies(_kv_attention(sizes.weight_bytes), host, dev, copies, sizes.repeats)
+        rates["ddr_shared_kv_gb_per_s"] = kv_rate + h2d_kv_rate
+        rates["concurrent_kv_gb_per_s"], rates["concurrent_h2d_beside_kv_gb_per_s"] = kv_rate, h2d_kv_rate
     return rates
 
 

@@ -114,10 +114,21 @@ class HardwareProfile:
         "CPU reading an MoE expert's weights (its SwiGLU at one row, the runtime's kernel) while another expert's "
         "weights are copied to the GPU, GB/s: the CPU side of a split experts unit while its routed experts' copies "
         "run (docs/cost-model.md Eq. 21c); 0: not measured, not priced", minimum=0, default=0.0)
+    ddr_shared_kv_gb_per_s: float = spec_field(
+        "DDR bytes/s served in total when the CPU's fused decode attention reads a KV cache in DDR while pinned "
+        "host-to-device copies read DDR too (the rates probe: the attention's KV read beside the copies plus "
+        "theirs), GB/s: Eqs. 6 and 18 for that kernel (docs/cost-model.md); 0: not measured, "
+        "`ddr_shared_gb_per_s` (the GEMV's) stands for it", minimum=0, default=0.0)
 
     def cpu_tflops_at(self, m: float) -> float:
         """AMX bf16 TFLOP/s for a GEMM of `m` rows: piecewise linear in log M between the curve's points."""
         return _curve_at(self.cpu_amx_bf16_tflops, m)
+
+    @property
+    def ddr_shared_kv(self) -> float:
+        """GB/s DDR serves the fused decode attention's KV read and the copies beside it (Eqs. 6, 18):
+        `ddr_shared_kv_gb_per_s`, or where not measured (0) the GEMV's `ddr_shared_gb_per_s`."""
+        return self.ddr_shared_kv_gb_per_s or self.ddr_shared_gb_per_s
 
     def cpu_attention_tflops_at(self, query: float) -> float:
         """CPU attention TFLOP/s in prefill at `query` tokens (the attention curve; the GEMM curve without one)."""
@@ -150,9 +161,10 @@ class HardwareProfile:
 
     def canonical(self) -> dict:
         """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write. A profile that
-        does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24) or the CPU's expert reads beside the
-        copies (`cpu_expert_beside_copy_gb_per_s` 0, Eq. 21c) leaves that field out: it prices every plan as before
-        the field existed, so it hashes as it did and plans compiled for it stay valid."""
+        does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24), the CPU's expert reads beside the
+        copies (`cpu_expert_beside_copy_gb_per_s` 0, Eq. 21c) or the fused attention's own shared DDR rate
+        (`ddr_shared_kv_gb_per_s` 0, Eq. 6) leaves that field out: it prices every plan as before the field
+        existed, so it hashes as it did and plans compiled for it stay valid."""
         data = to_data(self)
         for field in UNPRICED_WHEN_ZERO:
             if getattr(self, field) == 0.0:
@@ -197,15 +209,16 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
            "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS,
-           "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1])}
+           "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1]), "ddr_shared_kv_gb_per_s": (0.0, _RATE[1])}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
-                    "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s")
+                    "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s",
+                    "ddr_shared_kv_gb_per_s")
 # Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
-UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s")
+UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:

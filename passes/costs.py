@@ -242,6 +242,7 @@ class CostGraph:
     runtime_op_seconds: float = 0.0  # Eq. 24: the runtime's host time per unit it runs (SPLIT_OPS for a split)
     cpu_ddr_read_gb_per_s: float = 0.0  # Eq. 21c: the CPU's weight read alone (the profile's GEMV rate)
     cpu_expert_beside_copy_gb_per_s: float = 0.0  # Eq. 21c: the CPU's expert read beside an expert's copy; 0: unpriced
+    ddr_shared_kv_gb_per_s: float = 0.0  # Eqs. 6, 18: DDR's total beside the fused decode attention; 0: as the GEMV's
     gpu_context_bytes: int = 0  # Eq. 14: the part of every class's GPU workspace outside the runtime's allocator
     prefill_microbatch: Microbatch = Microbatch(0, 0)  # the decoder's prefill micro-batch priced (0, 0: whole batch)
     prefill_options: tuple[PrefillOption, ...] = ()  # other micro-batches the solver may choose (Eq. 20)
@@ -433,6 +434,8 @@ def cpu_node_prices(sub: Sublayer, tier: str, phase: str, point: tuple[int, int,
     # The DDR bytes Eq. 6 counts for it (R_cpu,ddr): its weights, and a decode KV cache, when they are in DDR.
     ddr_bytes = (weights + (kv if phase == "decode" else 0.0)) if tier == "ddr" else 0.0 * weights
     h, s = hw.pcie_h2d_gb_per_s * GB, hw.ddr_shared_gb_per_s * GB
+    if fused_decode_attention(sub, phase, point) and not apart:
+        s = hw.ddr_shared_kv * GB  # Eq. 18a: beside the fused attention, DDR serves its own measured total
     if prefill_blocks_dma(phase, point):
         # Eq. 18a, prefill: DMA reads DDR only in the kernel's launch overhead, not beside its many-row GEMM
         # (measured on the H200 in whole prefills; not DDR contention, which the DMA-beside-GEMM probe rules out: the
@@ -771,6 +774,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      runtime_op_seconds=hw.runtime_op_seconds,
                      cpu_ddr_read_gb_per_s=hw.cpu_ddr_read_gb_per_s,
                      cpu_expert_beside_copy_gb_per_s=hw.cpu_expert_beside_copy_gb_per_s,
+                     ddr_shared_kv_gb_per_s=hw.ddr_shared_kv_gb_per_s,
                      gpu_context_bytes=hw.gpu_context_bytes, prefill_microbatch=microbatches[0],
                      prefill_options=options)
 

@@ -43,6 +43,7 @@ from liac.sizes import GB
 
 __all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice",
            "DdrSharing", "operand_tiers", "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds",
+           "shared_ddr_seconds",
            "expert_reads_beside_copies", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts"]
@@ -294,7 +295,7 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
         return _expert_options(costs, unit, tier, permille, steps, hbm_experts)
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside",
-                                                             "yield_read", "yield_cpu")}
+                                                             "yield_read", "yield_cpu", "kv_read")}
     ok = np.ones(permille.size, dtype=bool)
     grid = {p: k for k, p in enumerate(costs.split_permille)}
     op = costs.runtime_op_seconds  # Eq. 24: the runtime's host time per unit it runs, on the chain
@@ -312,6 +313,7 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
             out["read"][option] = unit.cpu_apart_read_bytes if apart else unit.cpu_read_bytes
             if value == 1000 and unit.cpu_apart_seconds:  # Eq. 18c: the fused decode attention kernel yields DDR
                 out["yield_read"][option], out["yield_cpu"][option] = out["read"][option], seconds
+                out["kv_read"][option] = out["read"][option]  # Eqs. 6, 18c: at DDR's total beside this kernel
             ok[option] = tier != "hbm" or unit.cpu_allows_hbm
         elif unit.can_split and int(value) in grid:
             k = grid[int(value)]
@@ -347,7 +349,7 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
     experts = unit.experts
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside",
-                                                             "yield_read", "yield_cpu")}
+                                                             "yield_read", "yield_cpu", "kv_read")}
     ok = np.ones(permille.size, dtype=bool)
     one_expert = np.asarray(unit.expert_bytes, dtype=np.float64)
     rate = _stream_rate(costs, tier) if tier in HOST_TIERS else 1.0
@@ -406,8 +408,37 @@ def expert_reads_beside_copies(read_bytes, expert_bytes: float, costs: CostGraph
     return np.minimum(read_bytes, expert_bytes) * (1.0 / beside - 1.0 / alone)
 
 
+def shared_ddr_seconds(cpu_bytes, kv_bytes, stream_bytes, costs: CostGraph):
+    """Eq. 6: the least time DDR takes to serve the CPU's reads of it (`cpu_bytes`, of which `kv_bytes` the fused
+    decode attention's KV reads) and the DMA's (`stream_bytes`). At one shared rate s: (R + S) / s. Where the
+    profile measures DDR's total beside the fused attention apart (s_kv, `ddr_shared_kv_gb_per_s`), each CPU byte
+    brings its share of the stream at its own kernel's rate:
+
+        T_shared = (R + S) · (R_w / s + R_kv / s_kv) / R      (R = R_w + R_kv > 0; S / s when R = 0)
+    """
+    s = costs.ddr_shared_gb_per_s * GB
+    if not costs.ddr_shared_kv_gb_per_s or costs.ddr_shared_kv_gb_per_s == costs.ddr_shared_gb_per_s:
+        return (cpu_bytes + stream_bytes) / s
+    s_kv = costs.ddr_shared_kv_gb_per_s * GB
+    kv = np.minimum(kv_bytes, cpu_bytes)
+    seconds_per_byte = np.where(cpu_bytes > 0, ((cpu_bytes - kv) / s + kv / s_kv) / np.maximum(cpu_bytes, 1e-30),
+                                1.0 / s)
+    return (cpu_bytes + stream_bytes) * seconds_per_byte
+
+
+def _yield_shared(yield_bytes, kv_bytes, costs: CostGraph):
+    """Eq. 18c's shared rate (GB/s) beside the kernels that yield DDR: the GEMV's s, or where the profile measures
+    DDR's total beside the fused attention (s_kv), their mean over the yielding bytes (harmonic: R_y / Σ R_i / s_i);
+    None where that is s."""
+    if not costs.ddr_shared_kv_gb_per_s or costs.ddr_shared_kv_gb_per_s == costs.ddr_shared_gb_per_s:
+        return None
+    s, s_kv = costs.ddr_shared_gb_per_s, costs.ddr_shared_kv_gb_per_s
+    kv = np.minimum(kv_bytes, yield_bytes)
+    return np.where(yield_bytes > 0, yield_bytes / np.maximum((yield_bytes - kv) / s + kv / s_kv, 1e-30), s)
+
+
 def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_bytes, h2d_gb_per_s: float,
-                           shared_gb_per_s: float, yield_seconds=None):
+                           shared_gb_per_s: float, yield_seconds=None, yield_shared_gb_per_s=None):
     """Eq. 18: the least step time that fits the DMA's reads of DDR beside the CPU's (elementwise over arrays).
 
     A fluid model of the memory system. While the CPU computes (`cpu_seconds` of the chain), DMA can read the
@@ -429,6 +460,8 @@ def dma_beside_cpu_seconds(chain, cpu_seconds, beside_bytes, cpu_bytes, stream_b
     if s <= h:  # the DMA alone gets the shared rate: every second of stretch gives it that
         return chain + deficit / s
     yield_seconds = cpu_seconds if yield_seconds is None else yield_seconds
+    if yield_shared_gb_per_s is not None:  # beside the fused attention DDR serves its own total (Eq. 6)
+        s = np.maximum(np.asarray(yield_shared_gb_per_s, dtype=np.float64) * GB, h * (1 + 1e-9))
     slow = np.maximum(cpu_bytes / (s - h) - yield_seconds, 0.0)
     return chain + np.where(deficit <= s * slow, deficit / s, slow + (deficit - s * slow) / h)
 
@@ -624,16 +657,16 @@ class LayerPricer:
     @staticmethod
     def _start(num: int) -> tuple:
         """(valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
-        yield_seconds) before any unit."""
+        yield_seconds, kv_ddr) before any unit."""
         zero = np.zeros((num, 1))
-        return (np.ones(num, dtype=bool),) + (zero,) * 10
+        return (np.ones(num, dtype=bool),) + (zero,) * 11
 
     def _add_unit(self, state: tuple, u: int, tier: str, hbm_experts: int, kv_tier: str | None,
                   rows: np.ndarray, own: dict | None = None) -> tuple:
         """The partial sums `state` with unit u's terms added (a new tuple). Only arrays in `own` are written to
         (in place, the same sums); with `own` given, the arrays made here join it."""
         (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
-         yield_seconds) = state
+         yield_seconds, kv_ddr) = state
         options = self._unit(u, tier, hbm_experts)
         valid = valid & options["ok"][rows]
         gathered = self._gathered
@@ -658,6 +691,7 @@ class LayerPricer:
             stream_ddr = add(stream_ddr, "stream")
             cpu_ddr = add(cpu_ddr, "read")
             yield_ddr = add(yield_ddr, "yield_read")
+            kv_ddr = add(kv_ddr, "kv_read")
         elif tier == "cxl":
             stream_cxl = add(stream_cxl, "stream")
         if kv_tier is not None:
@@ -671,7 +705,7 @@ class LayerPricer:
                 else:
                     chain = _plus(chain, gathered[key], own)
         return (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
-                yield_seconds)
+                yield_seconds, kv_ddr)
 
     def _copy_queue(self, index: np.ndarray, kv_tier: str | None, tiers: tuple[str, ...],
                     hbm_experts: int) -> np.ndarray | None:
@@ -735,7 +769,7 @@ class LayerPricer:
         20a, 26. Only the arrays in `own` (this item's own partial sums) are written to."""
         costs, pc, phase = self.costs, self.pc, self.phase
         (valid, chain, stream_ddr, stream_cxl, staged, cpu_ddr, cpu_seconds, beside, store, yield_ddr,
-         yield_seconds) = state
+         yield_seconds, kv_ddr) = state
         num = index.shape[0]
         gathered = self._gathered
         waits = None
@@ -763,10 +797,12 @@ class LayerPricer:
             stream_ddr, stream_cxl = stream_ddr.max(axis=1, keepdims=True), stream_cxl.max(axis=1, keepdims=True)
             # Eq. 18c in decode only: a prefill keeps the stretch Eq. 18a's rule was fitted with (every kernel yields)
             yield_ddr, yield_seconds = cpu_ddr, cpu_seconds
+            kv_ddr = 0.0 * cpu_ddr  # (a prefill's attention reads fresh K, V, not the cache)
         t_stream = stream_ddr / _stream_rate(costs, "ddr") + stream_cxl / _stream_rate(costs, "cxl")  # Eq. 5
-        t_shared = (cpu_ddr + stream_ddr) / (costs.ddr_shared_gb_per_s * GB)  # Eq. 6
+        t_shared = shared_ddr_seconds(cpu_ddr, kv_ddr, stream_ddr, costs)  # Eq. 6
         t_beside = dma_beside_cpu_seconds(chain, cpu_seconds, beside, yield_ddr, stream_ddr, costs.h2d_gb_per_s,
-                                          costs.ddr_shared_gb_per_s, yield_seconds)  # Eq. 18
+                                          costs.ddr_shared_gb_per_s, yield_seconds,
+                                          _yield_shared(yield_ddr, kv_ddr, costs))  # Eq. 18
         step_seconds = np.maximum(np.maximum(np.maximum(chain, t_beside), np.maximum(t_stream, t_shared)), store)  # Eq. 7
         if phase == "decode" and tiers is not None:
             tail = self._copy_queue(index, kv_tier, tiers, hbm_experts)

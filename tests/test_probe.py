@@ -91,3 +91,37 @@ def test_expert_rates_time_the_expert_kernel_back_to_back_and_after_idle(monkeyp
     # 3 experts (the least rotated), a warm-up round and 2 timed ones: idle, then idle with the team woken and the
     # routing read's pause after the wake
     assert pauses == [0.05] * 9 + [0.05, probe.EXPERT_ROUTE_SECONDS] * 9
+
+
+def test_the_kv_attention_probe_reports_the_bytes_it_reads():
+    """The fused decode attention the rates probe runs (alone, and beside the copies on a GPU): one call reads the
+    whole batch-8, 32-head K and V it was built over."""
+    from liac import probe
+
+    attention = probe._kv_attention(2**20)
+    nbytes = attention()
+    assert nbytes >= 2**20 * 0.9 and nbytes == attention()
+    assert probe._kv_read_rate(2**20, 1) > 0
+
+
+def test_without_a_gpu_the_rates_probe_leaves_the_attentions_shared_rate_unmeasured(monkeypatch):
+    """No copies to run beside: no `ddr_shared_kv_gb_per_s` (a run-profile then keeps 0: Eq. 6 as before)."""
+    import dataclasses
+
+    from liac import probe
+
+    monkeypatch.setattr(probe, "_gemv_rate", lambda weights, kernel, repeats: 1.0)
+    monkeypatch.setattr(probe, "_kv_read_rate", lambda total, repeats: 1.0)
+    rates = probe.measure_rates(dataclasses.replace(probe.ProbeSizes.quick()), use_gpu=False)
+    assert "ddr_shared_kv_gb_per_s" not in rates and "ddr_shared_gb_per_s" not in rates
+
+
+@pytest.mark.gpu
+def test_the_rates_probe_measures_the_attention_beside_the_copies():
+    """On a GPU: DDR's total beside the fused attention is its KV rate plus the copies' beside it."""
+    from liac import probe
+
+    rates = probe.measure_rates(probe.ProbeSizes.quick(), use_gpu=True)
+    assert rates["ddr_shared_kv_gb_per_s"] == pytest.approx(rates["concurrent_kv_gb_per_s"]
+                                                            + rates["concurrent_h2d_beside_kv_gb_per_s"])
+    assert rates["concurrent_kv_gb_per_s"] > 0 and rates["concurrent_h2d_beside_kv_gb_per_s"] > 0

@@ -16,7 +16,7 @@ from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
 from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, LayerPricer, _unit_options, dma_beside_cpu_seconds,
-                               layer_time, plan_profile, price_plan, unit_prices, unit_times)
+                               layer_time, plan_profile, price_plan, shared_ddr_seconds, unit_prices, unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, TIERS, load_plan
 from liac.profile import profile_names, resolve_profile
@@ -312,6 +312,64 @@ def test_a_profile_without_runtime_op_seconds_prices_as_before():
     b = layer_time(costs_for(batch=4, hw=dataclasses.replace(HW, runtime_op_seconds=0.0)), dec, "decode",
                    ("ddr",) * 6, placement).seconds[0]
     assert a == b
+
+
+def test_a_profile_without_the_attentions_shared_rate_prices_as_before():
+    """`ddr_shared_kv_gb_per_s` absent (0) or equal to the GEMV's shared rate: every layer prices bit for bit as
+    Eq. 6 did with the one rate, and the profile hashes as it did (plans compiled for it stay valid)."""
+    assert HW.ddr_shared_kv_gb_per_s == 0.0 and HW.ddr_shared_kv == HW.ddr_shared_gb_per_s
+    same = dataclasses.replace(HW, ddr_shared_kv_gb_per_s=HW.ddr_shared_gb_per_s)
+    assert "ddr_shared_kv_gb_per_s" not in HW.canonical()
+    assert dataclasses.replace(HW, ddr_shared_kv_gb_per_s=0.0).sha256() == HW.sha256() != same.sha256()
+    placements = np.array([(1000, 1000, 1000, 0, 0, 0), (0, 1000, 1000, 0, 0, 0), (0, 0, 0, 1000, 0, 1000)])
+    for batch in (1, 64):
+        a, b = (costs_for(batch=batch, prompt=512, gen=2, hw=hw) for hw in (HW, same))
+        for phase in ("decode", "prefill"):
+            assert np.array_equal(layer_time(a, a.layer_class("decoder"), phase, ("ddr",) * 6, placements).seconds,
+                                  layer_time(b, b.layer_class("decoder"), phase, ("ddr",) * 6, placements).seconds)
+
+
+def test_shared_ddr_with_the_attentions_own_rate_by_hand():
+    """Eq. 6 with s_kv: each CPU byte brings its share of the stream at its own kernel's rate, (R + S)·(R_w/s +
+    R_kv/s_kv)/R; attention alone → (R + S)/s_kv, a GEMV alone → (R + S)/s, no CPU read → S/s."""
+    costs = dataclasses.replace(costs_for(), ddr_shared_gb_per_s=100.0, ddr_shared_kv_gb_per_s=120.0)
+    gb = 1e9
+    assert shared_ddr_seconds(np.array(40 * gb), np.array(40 * gb), np.array(80 * gb), costs) == pytest.approx(1.0)
+    assert shared_ddr_seconds(np.array(40 * gb), np.array(0.0), np.array(60 * gb), costs) == pytest.approx(1.0)
+    assert shared_ddr_seconds(np.array(0.0), np.array(0.0), np.array(50 * gb), costs) == pytest.approx(0.5)
+    # half the CPU's bytes each way: (30 + 60) GB · (15/100 + 15/120) / 30 s
+    assert shared_ddr_seconds(np.array(30 * gb), np.array(15 * gb), np.array(60 * gb), costs) == pytest.approx(
+        90 * (15 / 100 + 15 / 120) / 30)
+
+
+def test_the_fused_attention_beside_the_stream_is_priced_at_its_own_shared_rate():
+    """A decode layer with the fused attention on the CPU over a KV cache in DDR and every weight streamed, on a
+    profile whose GEMV shared rate makes Eq. 6 bind: with the attention's own measured rate above it (the H200:
+    113 GB/s drawn against the GEMV probe's 97) the layer is priced at (R_kv + S)/s_kv, and Eq. 18a lets the DMA
+    read more beside that kernel; a GEMV on the CPU is still priced at the GEMV's rate."""
+    hw = dataclasses.replace(HW, ddr_shared_gb_per_s=2.0, pcie_h2d_gb_per_s=50.0)
+    fast = dataclasses.replace(hw, ddr_shared_kv_gb_per_s=4.0)
+    tiers = ("ddr",) * 6
+    attention = np.array([(0, 1000, 1000, 0, 0, 0)])
+    gemv = np.array([(1000, 0, 0, 0, 0, 0)])
+    slow_costs, fast_costs = (costs_for(batch=64, prompt=512, gen=2, hw=h) for h in (hw, fast))
+    dec = slow_costs.layer_class("decoder")
+    pc = dec.phase("decode")
+    read = stream = 0.0
+    for index, unit in enumerate(pc.units):
+        options = _unit_options(slow_costs, unit, tiers[index], attention[0, index:index + 1], pc.steps)
+        read += options["read"][0][0]
+        stream += options["stream"][0][0]
+    assert read > 0 and stream > 0
+    slow = layer_time(slow_costs, dec, "decode", tiers, attention).seconds[0]
+    quick = layer_time(fast_costs, fast_costs.layer_class("decoder"), "decode", tiers, attention).seconds[0]
+    assert slow == pytest.approx((read + stream) / 2e9, rel=1e-6)  # Eq. 6 binds at the GEMV's rate
+    assert quick == pytest.approx((read + stream) / 4e9, rel=1e-6)  # at the attention's own
+    beside = [cost.cpu_beside_bytes for cost in (slow_costs, fast_costs)
+              for cost in [cost.layer_class("decoder").decode.units[1]]]
+    assert beside[1][TIERS.index("ddr")][0] > beside[0][TIERS.index("ddr")][0]  # Eq. 18a beside the kernel
+    assert layer_time(slow_costs, dec, "decode", tiers, gemv).seconds[0] == \
+        layer_time(fast_costs, fast_costs.layer_class("decoder"), "decode", tiers, gemv).seconds[0]
 
 
 def test_dma_beside_the_cpu_closed_forms():
