@@ -184,12 +184,16 @@ def load_measurements(metrics_paths, plan_paths=(), profile_steps: int = LIA_RUN
     A document's plan is found by `metadata.name` among `plan_paths` (files or directories), else at the document's
     own `plan_file` (bench/run_plans.py writes it). `run_profiles`: profiles measured with the runs (one per device
     call: the host's rates move between calls); a run whose plan was compiled for one of them (the profile sha256
-    the plan records) is priced with it, every other run with the base profile given to `calibrate`.
+    the plan records; or for it without `ddr_shared_kv_gb_per_s`, a field a call's probe may predate) is priced with
+    it, every other run with the base profile given to `calibrate`.
 
     Raises:
         LiacError: an unreadable or foreign document, a plan that cannot be found or is for another model.
     """
     own = {profile.sha256(): profile for profile in run_profiles}
+    for profile in run_profiles:  # a call's profile with the attention's shared rate added after its plans were
+        # compiled (bench/reprice.py --kv-shared-from-rates) still prices that call's runs
+        own.setdefault(dataclasses.replace(profile, ddr_shared_kv_gb_per_s=0.0).sha256(), profile)
     plans: dict[str, OffloadPlan] = {}
     for path in _plan_files(plan_paths):
         try:

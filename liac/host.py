@@ -142,6 +142,10 @@ def profile_from_measurements(m, base: HardwareProfile, name: str, description: 
         measured("ddr_shared_gb_per_s", m.concurrent_cpu_gb_per_s + m.concurrent_h2d_gb_per_s,
                  f"CPU GEMV ({m.concurrent_cpu_gb_per_s:.1f} GB/s) while pinned H2D runs "
                  f"({m.concurrent_h2d_gb_per_s:.1f} GB/s), summed")
+        if m.concurrent_kv_gb_per_s is not None:
+            measured("ddr_shared_kv_gb_per_s", m.concurrent_kv_gb_per_s + m.concurrent_h2d_beside_kv_gb_per_s,
+                     f"CPU fused decode attention over a KV cache ({m.concurrent_kv_gb_per_s:.1f} GB/s) while "
+                     f"pinned H2D runs ({m.concurrent_h2d_beside_kv_gb_per_s:.1f} GB/s), summed")
     for field in set(base.sources) - set(fields):
         if field not in ("gpu_reserve_gib", "cpu_reserve_gib"):  # reserves are policy, not estimates
             estimates.add(field)

@@ -77,6 +77,8 @@ class Measurements:
     pcie_latency_seconds: float | None = None
     concurrent_cpu_gb_per_s: float | None = None  # CPU GEMV while H2D runs
     concurrent_h2d_gb_per_s: float | None = None  # H2D while the CPU reads
+    concurrent_kv_gb_per_s: float | None = None  # the fused decode attention's KV read while H2D runs
+    concurrent_h2d_beside_kv_gb_per_s: float | None = None  # H2D while the fused attention reads
     gpu_hbm_gib: float | None = None
     cpu_ddr_gib: float = 0.0
 
@@ -291,6 +293,9 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
     copies = max(4, -(-sizes.rotate_bytes // host.numel()))
     cpu_rate, h2d_rate = _concurrent(weights, host, dev, copies, sizes.repeats)
     out["concurrent_cpu_gb_per_s"], out["concurrent_h2d_gb_per_s"] = cpu_rate, h2d_rate
+    del weights
+    kv_rate, h2d_kv_rate = _beside_copies(_kv_attention(sizes.weight_bytes), host, dev, copies, sizes.repeats)
+    out["concurrent_kv_gb_per_s"], out["concurrent_h2d_beside_kv_gb_per_s"] = kv_rate, h2d_kv_rate
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -293,6 +294,7 @@ class CudaBackend(Backend):
         except (RuntimeError, TypeError, AttributeError) as e:  # this torch cannot alias it: copies from now on
             self.mapped_crossings = False
             self.mapped_note = f"small crossings to the GPU go through the copy engine (no mapped read: {e})"
+            logging.getLogger("liac.runtime").warning("liac.runtime: %s", self.mapped_note)  # once: off from now on
             return None
         event = torch.cuda.Event()
         event.record()
