@@ -185,6 +185,10 @@ def test_runs_of_two_calls_each_priced_with_their_own_profile(synthetic, tmp_pat
     plans = [root / "plans", tmp_path / "plans"]
     runs = load_measurements([*metrics, *second], plans, run_profiles=[other])
     assert [run.hw for run in runs] == [None] * len(metrics) + [other] * len(second)
+    # the call's profile with the fused attention's shared rate added after (reprice --kv-shared-from-rates):
+    # still that call's
+    later = dataclasses.replace(other, ddr_shared_kv_gb_per_s=other.ddr_shared_gb_per_s * 1.2)
+    assert [run.hw for run in load_measurements(second, plans, run_profiles=[later])] == [later] * len(second)
     result = calibrate(BASE, runs, max_evals=300, prior=0.0)
     for name, scale in TRUE.items():
         assert result.factors[name] == pytest.approx(scale, rel=5e-3), name

@@ -260,3 +260,40 @@ def test_rates_after_overrides_the_run_profiles_rates(tmp_path, capsys):
     (call / "summary.json").write_text(json.dumps(summary))
     assert reprice.main([str(call), "--json", "--rates-after"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"] == moved["runs"]
+
+
+def test_the_attentions_shared_rate_from_the_calls_probe_prices_i12q():
+    """Call i12q (prompt 1024): its probe predates `ddr_shared_kv_gb_per_s`; estimated from its other rates
+    (116.4 GB/s, where the b32 runs drew 113 with the fused attention beside the stream) the b32 plans re-price
+    from +21 % over their runs to within 5 %, and the b8 plans (no CPU attention over DDR) do not move; call i12k's
+    estimate (99.5) is what its LIA-partial b256 run drew (99.6). A measured field in rates.json wins."""
+    import dataclasses
+    import json
+
+    from liac.profile import resolve_profile
+
+    root = CALL.parent
+    assert reprice.kv_shared_from_rates(root / "i12q") == pytest.approx(116.42, abs=0.01)
+    assert reprice.kv_shared_from_rates(root / "i12k") == pytest.approx(99.5, abs=0.05)
+    call = root / "i12q"
+    profile = resolve_profile(str(call / "run-profile.yaml"))
+    plans = reprice.load_call_plans(call)
+    before = {r["plan"]: r for r in reprice.reprice(call, profile, plans)}
+    kv = dataclasses.replace(profile, ddr_shared_kv_gb_per_s=reprice.kv_shared_from_rates(call))
+    after = {r["plan"]: r for r in reprice.reprice(call, kv, plans)}
+    for name, row in after.items():
+        error = row["repriced_decode_ms"] / row["measured_decode_ms"] - 1
+        if ".b32-" in name:
+            assert before[name]["repriced_decode_ms"] / row["measured_decode_ms"] - 1 > 0.15 and abs(error) < 0.05
+        else:
+            assert row["repriced_decode_ms"] == pytest.approx(before[name]["repriced_decode_ms"], rel=1e-3)
+
+
+def test_a_measured_attention_shared_rate_wins(tmp_path):
+    (tmp_path / "rates.json").write_text('{"ddr_shared_kv_gb_per_s": 120.5, "cpu_kv_read_gb_per_s": 1}')
+    assert reprice.kv_shared_from_rates(tmp_path) == 120.5
+    (tmp_path / "rates.json").write_text('{"cpu_kv_read_gb_per_s": 1}')
+    from liac.errors import LiacError
+
+    with pytest.raises(LiacError, match="--kv-shared-from-rates"):
+        reprice.kv_shared_from_rates(tmp_path)
