@@ -63,6 +63,7 @@ def test_a_small_crossing_is_read_in_place_and_exact_beside_a_staging_copy():
     host.copy_(activation)
     assert backend_module._mapped_in_place(host.data_ptr())
     before = backend.transfers.totals()["h2d_bytes"]
+    torch.cuda._sleep(100_000_000)  # the compute stream busy (~50 ms): the reader cannot have run when transfer returns
     out = backend.transfer(host, "gpu", "o")
     assert backend._mapped_held and backend._mapped_held[-1][1] is host  # held until its reader has run
     backend.synchronize()
