@@ -40,7 +40,7 @@ from torch import nn
 from liac.models import build_model
 from liac.models.config import ModelConfig
 from liac.models.layers import (padded_causal_mask, padded_positions, ragged_decode_mask, ragged_positions,
-                               rope_inv_freq)
+                               rope_inv_freq, rope_tables)
 from liac.models.mixtral import expert_block_rows, experts_partial, group_by_expert
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
@@ -67,7 +67,8 @@ class Frame:
     a prefill whose prompts are `prompt` slots long; `beside`: its K, V writes to a host cache may run beside the
     compute that follows (a prefill's)."""
 
-    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside")
+    __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside",
+                 "_rope")
 
     def __init__(self, batch: int, start: int, length: int, pick=greedy, row: int = 0, prompt: int | None = None,
                  beside: bool = False):
@@ -78,6 +79,19 @@ class Frame:
         self.mask: dict[str, torch.Tensor | None] = {}  # device → [B, 1, Q, C] bool, None: plain causal
         self.pick = pick  # logits [B, vocab] → token ids [B, 1] on the same device
         self.logits: torch.Tensor | None = None
+        self._rope: dict[str, tuple] = {}  # device → (its positions, dtype, rope_tables of them)
+
+    def rope(self, device: str, module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The RoPE tables (cos, sin) of this frame's positions on `device`, made by the pass's first qkv there and
+        shared by every layer after it (all layers rotate by the same positions and frequencies); None for a
+        module without RoPE."""
+        inv_freq = getattr(module, "inv_freq", None)
+        if inv_freq is None:
+            return None
+        positions, cached = self.pos[device], self._rope.get(device)
+        if cached is None or cached[0] is not positions or cached[1] != dtype:
+            cached = self._rope[device] = (positions, dtype, rope_tables(positions, inv_freq, dtype))
+        return cached[2]
 
     @property
     def chunked(self) -> bool:
@@ -647,7 +661,8 @@ def _qkv_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     def step(frame: Frame) -> None:
         vals = frame.vals
         _run_moves(transfer, vals, pre)
-        q, k, v = module(vals["x"][dev], frame.pos[dev])  # [B, H, Q, E], [B, G, Q, E] ×2
+        x = vals["x"][dev]
+        q, k, v = module(x, frame.pos[dev], frame.rope(dev, module, x.dtype))  # [B, H, Q, E], [B, G, Q, E] ×2
         vals["q"], vals["k"], vals["v"] = {dev: q}, {dev: k}, {dev: v}
         kv.write(layer, k, v, frame.start, crosses, frame.row, frame.beside)
     return step
@@ -942,7 +957,7 @@ STEPS: dict[str, Callable[[Executor, Op, StreamUnit | None], Step]] = {
 
 
 def _join_qkv(post: nn.Module, merged: torch.Tensor, frame: Frame, device: str, out: dict) -> None:
-    for value, tensor in zip("qkv", post(merged, frame.pos[device])):  # heads and RoPE
+    for value, tensor in zip("qkv", post(merged, frame.pos[device], frame.rope(device, post, merged.dtype))):
         out.setdefault(value, {})[device] = tensor
 
 

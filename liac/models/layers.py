@@ -24,9 +24,9 @@ from torch import nn
 from liac.models.config import ModelConfig
 
 __all__ = [
-    "RMSNorm", "make_norm", "rope_inv_freq", "apply_rope", "QKV", "Attention", "ResidualLinear", "NormLinearAct",
-    "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer", "padded_positions", "padded_causal_mask",
-    "ragged_positions", "ragged_decode_mask",
+    "RMSNorm", "make_norm", "rope_inv_freq", "rope_tables", "apply_rope", "QKV", "Attention", "ResidualLinear",
+    "NormLinearAct", "NormGateUp", "Embedding", "LMHead", "KVCache", "Transformer", "padded_positions",
+    "padded_causal_mask", "ragged_positions", "ragged_decode_mask",
 ]
 
 
@@ -72,11 +72,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, Q, E] by positions [B, Q] (cos/sin in fp32, then cast, as HF does)."""
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, 1, Q, E] of positions [B, Q] (in fp32, then cast to `dtype`, as HF does). Every layer of a pass
+    rotates by the same tables: the runtime makes them once per pass and device (`QKV.forward`'s `rope`)."""
     freqs = positions[:, :, None].float() * inv_freq[None, None, :]  # [B, Q, E/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]  # [B, 1, Q, E]
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, Q, E] by positions [B, Q] (cos/sin in fp32, then cast, as HF does)."""
+    cos, sin = rope_tables(positions, inv_freq, x.dtype)
     return x * cos + _rotate_half(x) * sin
 
 
@@ -93,9 +100,19 @@ class QKV(nn.Module):
         self.q_scale = cfg.head_dim ** -0.5 if not cfg.uses_rope else 1.0
         self.register_buffer("inv_freq", rope_inv_freq(cfg) if cfg.uses_rope else None, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor):
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """`rope`: the pass's `rope_tables` of `positions`, made once for every layer (the runtime's decode: the
+        host launches a dozen fewer kernels per layer); q and k are then rotated as one tensor, the same values."""
         B, Q, _ = x.shape
         qkv = self.proj(self.norm(x))  # [B, Q, (H + 2G) * E]
+        if rope is not None and self.inv_freq is not None:
+            H, G, E = self.num_heads, self.num_kv_heads, self.head_dim
+            qk = qkv[..., :(H + G) * E].view(B, Q, H + G, E).transpose(1, 2)  # [B, H + G, Q, E]
+            cos, sin = rope
+            qk = qk * cos + _rotate_half(qk) * sin
+            v = qkv[..., (H + G) * E:].view(B, Q, G, E).transpose(1, 2)
+            return qk[:, :H], qk[:, H:], v
         q, k, v = qkv.split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                              self.num_kv_heads * self.head_dim], dim=-1)
         if self.q_scale != 1.0:

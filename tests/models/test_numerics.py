@@ -98,3 +98,23 @@ def test_split_attention_equals_fused(family):
         decode = layer.attn.context(layer.attn.score(q[:, :, -1:], k_all), v_all)  # Q = 1: no mask
     torch.testing.assert_close(split, fused, **TOL)
     torch.testing.assert_close(decode, fused[:, -1:], **TOL)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("family", ("llama", "mixtral"))
+def test_qkv_with_the_pass_rope_tables_equals_its_own(family, dtype):
+    """`QKV.forward` with `rope` (the pass's cos/sin tables, made once for every layer by the runtime; q and k rotated
+    as one tensor) gives the values it computes from the positions itself, bit for bit, in fp32 and bf16."""
+    from liac.models.layers import rope_tables
+
+    _, ours, cfg = _pair(family)
+    qkv = ours.layers[1].qkv
+    inv_freq = qkv.inv_freq.clone()
+    qkv.to(dtype).inv_freq = inv_freq  # as the runtime binds it (fp32: rope_inv_freq)
+    x = torch.randn(2, 3, cfg.hidden_size, generator=torch.Generator().manual_seed(4)).to(dtype)
+    positions = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    with torch.no_grad():
+        own = qkv(x, positions)
+        shared = qkv(x, positions, rope_tables(positions, ours.layers[0].qkv.inv_freq, dtype))  # layer 0's
+    for a, b in zip(own, shared):
+        assert a.shape == b.shape and torch.equal(a, b)

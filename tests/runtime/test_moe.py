@@ -639,3 +639,24 @@ def test_cpu_team_wake_engages_every_thread():
     buffer = wake.buffer
     wake()
     assert wake.buffer is buffer
+
+
+def test_rope_tables_are_made_once_per_pass_and_device(checkpoints, reference, monkeypatch):
+    """Every layer of a pass rotates by the same positions: the executor makes the cos/sin tables at the pass's
+    first qkv on each device and every later qkv (split ones' joins too) reuses them (a dozen host launches fewer
+    per layer); the tokens stay HF's."""
+    import liac.runtime.executor as executor
+
+    made = []
+    real = executor.rope_tables
+    monkeypatch.setattr(executor, "rope_tables", lambda *args: made.append(args[0].device.type) or real(*args))
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(_plan(cfg, "crossed"), directory, backend=make_test_backend("emulated"),
+                              dtype=torch.float32)
+    made.clear()  # the engine's warm-up
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert torch.equal(out.token_ids, reference("mixtral")[2])
+    passes = NEW_TOKENS  # the prefill, then a decode step per further token
+    # at most once per device a pass (the plan rotates on both), where a table per layer would make 3 a pass
+    assert NEW_TOKENS <= len(made) <= 2 * passes < cfg.num_layers * passes
+
