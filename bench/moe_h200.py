@@ -524,6 +524,9 @@ class MoeBench:
                     print(f"{'':>17} {'':>5}   CPU experts in the timed decode steps: {decode['cpu_experts']} in "
                           f"{decode['cpu_parts']} CPU parts, {decode['cpu_ms']:.1f} ms, {decode['cpu_gb_per_s']} GB/s; "
                           f"{decode['streamed_experts']} streamed (CPU team woken: {row['cpu_wake']})")
+                    if decode.get("host_ms_per_cpu_part"):
+                        print(f"{'':>17} {'':>5}   host ms per CPU part beside it (timed steps): " + ", ".join(
+                            f"{k} {v}" for k, v in decode["host_ms_per_cpu_part"].items()))
                 if row.get("batch1_experts_model_ms"):
                     print(f"{'':>17} {'':>5}   experts per step by routing (bench model): " + ", ".join(
                         f"{k} {v}" for k, v in row["batch1_experts_model_ms"].items()))

@@ -68,7 +68,7 @@ class Frame:
     compute that follows (a prefill's)."""
 
     __slots__ = ("batch", "start", "length", "vals", "pos", "mask", "pick", "logits", "row", "prompt", "beside",
-                 "_rope")
+                 "_rope", "experts_end")
 
     def __init__(self, batch: int, start: int, length: int, pick=greedy, row: int = 0, prompt: int | None = None,
                  beside: bool = False):
@@ -80,6 +80,7 @@ class Frame:
         self.pick = pick  # logits [B, vocab] → token ids [B, 1] on the same device
         self.logits: torch.Tensor | None = None
         self._rope: dict[str, tuple] = {}  # device → (its positions, dtype, rope_tables of them)
+        self.experts_end: float | None = None  # host clock at the end of the pass's last experts op (ExpertTally)
 
     def rope(self, device: str, module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The RoPE tables (cos, sin) of this frame's positions on `device`, made by the pass's first qkv there and
@@ -862,7 +863,8 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         timed = ex._part_seconds if len(devices) == 2 else None  # a list only in a split op's profiling pass
         if wake is not None:
             wake()  # the CPU's team wakes while the GPU computes the router, not in the CPU part's first GEMV
-        began = time.perf_counter()
+        began = entered = time.perf_counter()
+        previous, frame.experts_end = frame.experts_end, None
         _run_moves_together(backend, vals, pre)  # the routing read on the host: one wait for h, ei and ew
         index = vals["ei"].get("cpu", vals["ei"].get("gpu"))
         counts = torch.bincount(index.reshape(-1), minlength=run.num_experts).tolist()  # the routing, on the host
@@ -870,8 +872,11 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         on = dict(zip(("cpu", "gpu"), run.assign(counts, share.ratio() if share is not None else None)))
         if share is not None and on["gpu"] and not on["cpu"]:
             share.idle()  # every routed host expert went over PCIe: nothing measures the CPU
-        partial, cpu_seconds = {}, 0.0
+        partial, cpu_seconds, host = {}, 0.0, None
         if timed is None:
+            # the host thread's seconds around the CPU part (ExpertTally 'host'): only the split's host clock is read
+            host = {"route": time.perf_counter() - entered, "dispatch": 0.0,
+                    "between": entered - previous if previous is not None else None}
             # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1
             # with the share, one device in a quarter of the steps of a layer with 5 CPU and 2 streamed experts)
             busy = [d for d in devices if on[d] or (d == "gpu" and any(counts[:run.hbm]))] or devices[:1]
@@ -880,10 +885,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
                     began = time.perf_counter()
                     partial[device] = part(device, vals, counts, on[device])
                     cpu_seconds = time.perf_counter() - began
+                    host["cpu_end"] = began + cpu_seconds
                     if share is not None:  # the CPU part's host seconds: the share follows the CPU's rate
                         share.observe(cpu_seconds, len(on["cpu"]))
                 else:
+                    began = time.perf_counter()
                     partial[device] = part(device, vals, counts, on[device])
+                    host["dispatch"] = time.perf_counter() - began
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began
             start = backend.timing_event()
@@ -899,9 +907,6 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             if share is not None:
                 share.observe(cpu_seconds, len(on["cpu"]))
             timed.append(_PartTiming(cpu_seconds, start, end, launched, routed))
-        if "cpu" in devices:
-            tally.add(phase, len(on["cpu"]), len(on["cpu"]) * expert_bytes, cpu_seconds,
-                      len(on["gpu"]) if "gpu" in devices else 0)
         out = {}
         for position, device in enumerate(run.merge_on):
             # the partial sums meet here, then the residual (HF: residual + experts' sum). A partial no later merge
@@ -918,6 +923,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             del total
         partial.clear()
         vals["x"] = out
+        ended = time.perf_counter()
+        if host is not None and "cpu_end" in host:
+            host["merge"] = ended - host["cpu_end"]
+        if "cpu" in devices:
+            tally.add(phase, len(on["cpu"]), len(on["cpu"]) * expert_bytes, cpu_seconds,
+                      len(on["gpu"]) if "gpu" in devices else 0, host)
+        frame.experts_end = ended  # the next experts op of this pass times the host's work between them
     return step
 
 

@@ -170,6 +170,13 @@ def expert_rates(totals: dict | None) -> dict | None:
                       "cpu_bytes": int(counts.get("cpu_bytes", 0)), "cpu_ms": _ms(seconds),
                       "streamed_experts": int(counts.get("streamed_experts", 0)),
                       "cpu_gb_per_s": (stable_float(counts["cpu_bytes"] / seconds / 1e9) if seconds > 0 else None)}
+        parts, betweens = counts.get("cpu_parts", 0), counts.get("betweens", 0)
+        if parts and "route_seconds" in counts:
+            # the host thread's work beside each CPU part, ms per part (between: per experts op that follows another)
+            out[phase]["host_ms_per_cpu_part"] = {
+                part: _ms(counts[f"{part}_seconds"] / parts) for part in ("route", "dispatch", "merge")}
+            out[phase]["host_ms_per_cpu_part"]["between"] = (_ms(counts["between_seconds"] / betweens)
+                                                             if betweens else None)
     return out
 
 

@@ -67,20 +67,35 @@ class ExpertTally:
     seconds of the CPU parts that computed them (each timed on the host thread that computes it, so a timed run
     needs no synchronisation), and the routed experts streamed to the GPU. `totals()` is flat and additive: a
     caller takes the difference around one call (`Engine.generate` → Generation.experts), and bytes over seconds is
-    the rate the CPU's expert kernel reached in that call's own steps, not only in a profiled one."""
+    the rate the CPU's expert kernel reached in that call's own steps, not only in a profiled one.
 
-    FIELDS = ("cpu_experts", "cpu_bytes", "cpu_seconds", "cpu_parts", "streamed_experts")
+    The host thread's other work in an experts op with a CPU part, summed over those parts (`host`): 'route' (the
+    routing read, its wait for the GPU included, and the counts), 'dispatch' (the GPU part's launches, before the
+    CPU part), 'merge' (after the CPU part: the partial sums' crossing and adds); and 'between', the host seconds
+    from the previous experts op's end in the same pass to this one's start (the layer's other units: a release,
+    attention, the router), counted in 'betweens'. At batch 1 the CPU part holds the one host thread, so these are
+    the step's chain beside it: nothing else launches the GPU's next work meanwhile."""
+
+    FIELDS = ("cpu_experts", "cpu_bytes", "cpu_seconds", "cpu_parts", "streamed_experts", "route_seconds",
+              "dispatch_seconds", "merge_seconds", "between_seconds", "betweens")
 
     def __init__(self):
         self.counts: dict[str, dict[str, float]] = {}
 
-    def add(self, phase: str, cpu_experts: int, cpu_bytes: int, cpu_seconds: float, streamed_experts: int) -> None:
+    def add(self, phase: str, cpu_experts: int, cpu_bytes: int, cpu_seconds: float, streamed_experts: int,
+            host: dict[str, float] | None = None) -> None:
         counts = self.counts.setdefault(phase, dict.fromkeys(self.FIELDS, 0))
         counts["cpu_experts"] += cpu_experts
         counts["cpu_bytes"] += cpu_bytes
         counts["cpu_seconds"] += cpu_seconds if cpu_experts else 0.0
         counts["cpu_parts"] += 1 if cpu_experts else 0
         counts["streamed_experts"] += streamed_experts
+        if cpu_experts and host:
+            for part in ("route", "dispatch", "merge"):
+                counts[f"{part}_seconds"] += host.get(part, 0.0)
+            if host.get("between") is not None:
+                counts["between_seconds"] += host["between"]
+                counts["betweens"] += 1
 
     def totals(self) -> dict[str, float]:
         """'{phase}_{field}' → its running total."""

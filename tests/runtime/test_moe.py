@@ -660,3 +660,23 @@ def test_rope_tables_are_made_once_per_pass_and_device(checkpoints, reference, m
     # at most once per device a pass (the plan rotates on both), where a table per layer would make 3 a pass
     assert NEW_TOKENS <= len(made) <= 2 * passes < cfg.num_layers * passes
 
+
+def test_tally_times_the_host_work_beside_each_cpu_part(checkpoints, reference):
+    """`ExpertTally`'s host seconds (runtime/moe.py): per experts op with a CPU part, the routing read, the GPU
+    part's launches and the merge, and the host's seconds since the pass's previous experts op; `metrics['experts']`
+    gives them in ms per CPU part."""
+    from liac.runtime.metrics import build_metrics
+
+    directory, cfg = checkpoints("mixtral")
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 2, 3)), directory,
+                              backend=make_test_backend("emulated"), dtype=torch.float32, expert_share=1.0)
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert torch.equal(out.token_ids, reference("mixtral")[2])
+    parts, betweens = out.experts["decode_cpu_parts"], out.experts["decode_betweens"]
+    # the first layer's experts op has no earlier one in its pass; the others do
+    assert 0 < betweens <= parts and betweens >= parts - (NEW_TOKENS - 1)
+    for part in ("route", "dispatch", "merge", "between"):
+        assert out.experts[f"decode_{part}_seconds"] > 0
+    host = build_metrics(engine, out, {})["experts"]["decode"]["host_ms_per_cpu_part"]
+    assert host["route"] == pytest.approx(out.experts["decode_route_seconds"] / parts * 1e3, rel=1e-4)
+    assert host["between"] == pytest.approx(out.experts["decode_between_seconds"] / betweens * 1e3, rel=1e-4)
