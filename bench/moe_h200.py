@@ -40,7 +40,9 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
 `--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
 `--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
-ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True).
+ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True),
+`--split-ab` each optimum again cutting a decode step's last CPU expert by features between the CPU and PCIe
+(expert_split=True).
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
@@ -371,6 +373,13 @@ class MoeBench:
             at = names.index(f"optimal:b{batch}") + 1
             specs.insert(at, dataclasses.replace(specs[at - 1], cpu_wake=True))
             names.insert(at, f"optimal@wake:b{batch}")
+        split_ab = getattr(self.args, "split_ab", False)
+        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if split_ab else ():
+            # the optimum again with a decode step's last CPU expert cut by features between the CPU and PCIe
+            # (runtime/moe.py `ExpertSplit`), right after its run with the engine's default (experts whole)
+            at = names.index(f"optimal:b{batch}") + 1
+            specs.insert(at, dataclasses.replace(specs[at - 1], expert_split=True))
+            names.insert(at, f"optimal@cut:b{batch}")
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -495,7 +504,8 @@ class MoeBench:
                    "note": run.get("skipped") or run.get("error"), "cpu_threads": run.get("cpu_threads"),
                    "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu"),
                    "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share"),
-                   "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", False)}
+                   "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", False),
+                   "expert_split": run.get("expert_split", False)}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -523,7 +533,8 @@ class MoeBench:
                 if decode.get("cpu_experts"):
                     print(f"{'':>17} {'':>5}   CPU experts in the timed decode steps: {decode['cpu_experts']} in "
                           f"{decode['cpu_parts']} CPU parts, {decode['cpu_ms']:.1f} ms, {decode['cpu_gb_per_s']} GB/s; "
-                          f"{decode['streamed_experts']} streamed (CPU team woken: {row['cpu_wake']})")
+                          f"{decode['streamed_experts']} streamed (CPU team woken: {row['cpu_wake']}; "
+                          f"{decode.get('cut_experts', 0)} experts cut by features)")
                     if decode.get("host_ms_per_cpu_part"):
                         print(f"{'':>17} {'':>5}   host ms per CPU part beside it (timed steps): " + ", ".join(
                             f"{k} {v}" for k, v in decode["host_ms_per_cpu_part"].items()))
@@ -597,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wake-ab", action="store_true",
                         help="run each optimum again right after itself waking the CPU's thread team before its "
                              "experts ops (Engine cpu_wake=True), beside the default (not woken)")
+    parser.add_argument("--split-ab", action="store_true",
+                        help="run each optimum again right after it with a decode step's last CPU expert cut by "
+                             "features between the CPU and PCIe (Engine expert_split=True), beside experts whole")
     parser.add_argument("--share-ab", action="store_true",
                         help="run each optimum again right after it with the expert share following the CPU parts "
                              "(Engine expert_share='auto'), beside the default measured at load and kept ('load')")

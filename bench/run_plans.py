@@ -83,6 +83,7 @@ class RunSpec:
     expert_share: str | None = None  # Engine.from_plan(expert_share=...) for this run; None: the engine's default
     cpu_wake: bool | None = None  # Engine.from_plan(cpu_wake=...) for this run; None: the engine's default
     mapped_crossings: bool | None = None  # Engine.from_plan(mapped_crossings=...); None: the engine's default
+    expert_split: bool | None = None  # Engine.from_plan(expert_split=...) for this run; None: the engine's default
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
@@ -303,6 +304,8 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 share["cpu_wake"] = record["cpu_wake"] = run.cpu_wake
             if run.mapped_crossings is not None:
                 share["mapped_crossings"] = record["mapped_crossings"] = run.mapped_crossings
+            if run.expert_split is not None:
+                share["expert_split"] = record["expert_split"] = run.expert_split
             try:
                 engine = Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len), **share)
             except BaseException:

@@ -129,6 +129,7 @@ class _Options:
     expert_share: str | float = "load"
     cpu_wake: bool = False
     mapped_crossings: bool = True
+    expert_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ class Engine:
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
                   expert_share: str | float = "load", cpu_wake: bool = False,
-                  mapped_crossings: bool = True) -> "Engine":
+                  mapped_crossings: bool = True, expert_split: bool = False) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -272,6 +273,11 @@ class Engine:
                 and K, V writes) is read from its page-locked block by a kernel on the compute stream, not copied by
                 the copy engine, where it would queue behind the staging copies (runtime/backend.py
                 `CudaBackend.transfer`); False: every crossing is copied (the engine sets this on its backend).
+            expert_split: True: at decode, in MoE layers with both CPU and streamed experts, the CPU's last routed
+                expert of a step is cut by its intermediate features between the CPU and PCIe so that the CPU part
+                plus the host's launches after it and the copies finish together (runtime/moe.py `ExpertSplit`;
+                needs the share's measured copy time: `expert_share` 'load' or 'auto' on a GPU). Off by default
+                until a device run measures it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -281,7 +287,7 @@ class Engine:
                                                             and expert_share > 0)):
             raise ValueError(f"expert_share must be 'auto', 'load', 'off' or a positive number, got {expert_share!r}")
         options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
-                           expert_share, bool(cpu_wake), bool(mapped_crossings))
+                           expert_share, bool(cpu_wake), bool(mapped_crossings), bool(expert_split))
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -405,7 +411,7 @@ class Engine:
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
             share = _expert_share(options.expert_share, backend, schedule, store, cpu_linear, buffers)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0],
-                                share, options.cpu_wake)
+                                share, options.cpu_wake, options.expert_split)
             backend.synchronize()
             if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
@@ -444,7 +450,7 @@ class Engine:
             main = self.executor
             self._executors[planned] = Executor(self.backend, schedule, self.cfg, self.dtype, self.store, main.kv,
                                                 main.streamer, self.cpu_linear[0], main.expert_share,
-                                                main.cpu_wake is not None)
+                                                main.cpu_wake is not None, main.expert_split is not None)
         return self._executors[planned]
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ from liac.models.mixtral import expert_block_rows, experts_partial, group_by_exp
 from liac.runtime.backend import Backend
 from liac.runtime.kernels import BlocksLinear, KernelLinear, linear_kernel, prepare_module
 from liac.runtime.kvcache import KVCache
-from liac.runtime.moe import ExpertShare, ExpertTally
+from liac.runtime.moe import ExpertShare, ExpertSplit, ExpertTally
 from liac.runtime.schedule import MODULE_OF, Move, Op, Schedule, StreamUnit, part_rows
 from liac.runtime.staging import Streamer
 
@@ -164,9 +164,13 @@ class Executor:
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
                  tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
-                 expert_share: ExpertShare | None = None, cpu_wake: bool = False):
+                 expert_share: ExpertShare | None = None, cpu_wake: bool = False, expert_split: bool = False):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
         self.expert_tally = ExpertTally()  # per phase: CPU experts, their bytes and host seconds, experts streamed
+        # a decode step's last CPU expert cut by features so that the CPU (with the host's chain) and PCIe finish
+        # together (runtime/moe.py ExpertSplit); None: experts whole (`Engine.from_plan(expert_split=False)`)
+        self.expert_split = (ExpertSplit(expert_share, self.expert_tally, cfg.ffn_dim)
+                             if expert_split and expert_share is not None and expert_share.pcie_seconds else None)
         # Wake the CPU's OpenMP team at the start of an experts op with a CPU part, while the GPU still computes the
         # router (`_CpuTeamWake`); None: off (`Engine.from_plan(cpu_wake=False)`)
         self.cpu_wake = _CpuTeamWake() if cpu_wake else None
@@ -833,30 +837,44 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
     kernels = {device: linear_kernel(device, ex.cpu_linear) for device in ("cpu", "gpu")}
     streamer = ex.streamer
 
-    def host_expert(expert: int) -> list[torch.Tensor]:  # the host copy's row 0 is expert `hbm`
-        return [t[expert - run.hbm] for t in host]
+    def host_expert(expert: int, cut: tuple[int, int] | None = None, device: str = "cpu") -> list:
+        """Its host matrices [gate_up, down] (the host copy's row 0 is expert `hbm`); for the expert `cut`
+        (expert, c) cuts by features (ExpertSplit), `device`'s share: the CPU's features [0, c), the GPU's [c, F),
+        as (gate rows, up rows) and down's columns."""
+        gate_up, down = (t[expert - run.hbm] for t in host)
+        if cut is None or cut[0] != expert:
+            return [gate_up, down]
+        F, c = down.shape[1], cut[1]
+        first, last = (0, c) if device == "cpu" else (c, F)
+        return [(gate_up[first:last], gate_up[F + first:F + last]), down[:, first:last]]
 
-    def gpu_experts(routed: list[int]):
+    def gpu_experts(routed: list[int], cut: tuple[int, int] | None):
         for expert in range(run.hbm):
             yield expert, resident[0][expert], resident[1][expert]
         if routed:
-            for expert, (gate_up, down) in streamer.routed_experts(stream_unit, routed, host_expert):
+            for expert, (gate_up, down) in streamer.routed_experts(stream_unit, routed,
+                                                                   lambda e: host_expert(e, cut, "gpu")):
                 yield expert, gate_up, down
 
-    def part(device: str, vals: dict, counts: list[int], routed: list[int]) -> torch.Tensor:
-        """`routed`: this step's host experts of `device` (ExpertRun.assign), the GPU's resident ones besides."""
+    def part(device: str, vals: dict, counts: list[int], routed: list[int],
+             cut: tuple[int, int] | None = None) -> torch.Tensor:
+        """`routed`: this step's host experts of `device` (ExpertRun.assign), the GPU's resident ones besides;
+        `cut`: (expert, c), an expert both devices compute, each its share of the features (ExpertSplit)."""
         h, index = vals["h"][device], vals["ei"][device]
         routing = group_by_expert(index, vals["ew"][device], counts)
         flat = h.reshape(-1, h.shape[-1])
         if device == "gpu":  # an expert's intermediates within what the plan's workspace prices (Eq. 14)
             block = expert_block_rows(flat.shape[0], index.shape[-1], run.num_experts)
-            return experts_partial(flat, routing, gpu_experts(routed), kernels[device], block)
-        return experts_partial(flat, routing, ((e, *host_expert(e)) for e in routed), kernels[device])
+            return experts_partial(flat, routing, gpu_experts(routed, cut), kernels[device], block)
+        return experts_partial(flat, routing, ((e, *host_expert(e, cut)) for e in routed), kernels[device])
 
     devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
     backend, tally, phase = ex.backend, ex.expert_tally, ex._phase
     expert_bytes = sum(t[0].numel() * t.element_size() for t in host) if host else 0  # one host expert's weights
     wake = ex.cpu_wake if run.cpu else None
+    # a decode step's CPU expert cut by features between the CPU and PCIe (runtime/moe.py ExpertSplit), in a layer
+    # whose host experts can go either way
+    may_cut = bool(run.cpu and run.streamed and phase == "decode")
 
     def step(frame: Frame) -> None:
         vals = frame.vals
@@ -872,6 +890,14 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         on = dict(zip(("cpu", "gpu"), run.assign(counts, share.ratio() if share is not None else None)))
         if share is not None and on["gpu"] and not on["cpu"]:
             share.idle()  # every routed host expert went over PCIe: nothing measures the CPU
+        cut, cpu_share = None, float(len(on["cpu"]))  # cpu_share: the CPU's experts, a cut one by its features' share
+        splitter = ex.expert_split if may_cut else None
+        if splitter is not None and on["cpu"]:
+            features = splitter.features(len(on["cpu"]), len(on["gpu"]))
+            if features is not None:
+                cut = (on["cpu"][-1], features)
+                on["gpu"] = sorted(on["gpu"] + [cut[0]])
+                cpu_share += features / splitter.ffn_dim - 1
         partial, cpu_seconds, host = {}, 0.0, None
         if timed is None:
             # the host thread's seconds around the CPU part (ExpertTally 'host'): only the split's host clock is read
@@ -883,29 +909,29 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             for device in busy:
                 if device == "cpu":
                     began = time.perf_counter()
-                    partial[device] = part(device, vals, counts, on[device])
+                    partial[device] = part(device, vals, counts, on[device], cut)
                     cpu_seconds = time.perf_counter() - began
                     host["cpu_end"] = began + cpu_seconds
                     if share is not None:  # the CPU part's host seconds: the share follows the CPU's rate
-                        share.observe(cpu_seconds, len(on["cpu"]))
+                        share.observe(cpu_seconds, cpu_share)
                 else:
                     began = time.perf_counter()
-                    partial[device] = part(device, vals, counts, on[device])
+                    partial[device] = part(device, vals, counts, on[device], cut)
                     host["dispatch"] = time.perf_counter() - began
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began
             start = backend.timing_event()
             start.record()
             began = time.perf_counter()
-            partial["gpu"] = part("gpu", vals, counts, on["gpu"])
+            partial["gpu"] = part("gpu", vals, counts, on["gpu"], cut)
             end = backend.timing_event()
             end.record()
             launched = time.perf_counter() - began
             began = time.perf_counter()
-            partial["cpu"] = part("cpu", vals, counts, on["cpu"])
+            partial["cpu"] = part("cpu", vals, counts, on["cpu"], cut)
             cpu_seconds = time.perf_counter() - began
             if share is not None:
-                share.observe(cpu_seconds, len(on["cpu"]))
+                share.observe(cpu_seconds, cpu_share)
             timed.append(_PartTiming(cpu_seconds, start, end, launched, routed))
         out = {}
         for position, device in enumerate(run.merge_on):
@@ -926,9 +952,9 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         ended = time.perf_counter()
         if host is not None and "cpu_end" in host:
             host["merge"] = ended - host["cpu_end"]
-        if "cpu" in devices:
-            tally.add(phase, len(on["cpu"]), len(on["cpu"]) * expert_bytes, cpu_seconds,
-                      len(on["gpu"]) if "gpu" in devices else 0, host)
+        if "cpu" in devices:  # a cut expert counts on both devices, its bytes by the CPU's share of its features
+            tally.add(phase, len(on["cpu"]), round(cpu_share * expert_bytes), cpu_seconds,
+                      len(on["gpu"]) if "gpu" in devices else 0, host, cut is not None)
         frame.experts_end = ended  # the next experts op of this pass times the host's work between them
     return step
 

@@ -169,6 +169,7 @@ def expert_rates(totals: dict | None) -> dict | None:
         out[phase] = {"cpu_experts": int(counts.get("cpu_experts", 0)), "cpu_parts": int(counts.get("cpu_parts", 0)),
                       "cpu_bytes": int(counts.get("cpu_bytes", 0)), "cpu_ms": _ms(seconds),
                       "streamed_experts": int(counts.get("streamed_experts", 0)),
+                      "cut_experts": int(counts.get("cut_experts", 0)),
                       "cpu_gb_per_s": (stable_float(counts["cpu_bytes"] / seconds / 1e9) if seconds > 0 else None)}
         parts, betweens = counts.get("cpu_parts", 0), counts.get("betweens", 0)
         if parts and "route_seconds" in counts:

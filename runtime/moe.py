@@ -16,7 +16,7 @@ give a slow CPU both), which measures the CPU again.
 
 from __future__ import annotations
 
-__all__ = ["ExpertShare", "ExpertTally", "PROBE_RATIO"]
+__all__ = ["ExpertShare", "ExpertTally", "ExpertSplit", "PROBE_RATIO"]
 
 PROBE_RATIO = 1.0  # the ratio of an op that measures a CPU the share has left idle: an even share
 
@@ -73,23 +73,25 @@ class ExpertTally:
     routing read, its wait for the GPU included, and the counts), 'dispatch' (the GPU part's launches, before the
     CPU part), 'merge' (after the CPU part: the partial sums' crossing and adds); and 'between', the host seconds
     from the previous experts op's end in the same pass to this one's start (the layer's other units: a release,
-    attention, the router), counted in 'betweens'. At batch 1 the CPU part holds the one host thread, so these are
+    attention, the router), counted in 'betweens'. 'cut_experts': experts ops whose last CPU expert both devices
+    computed, each its share of the features (`ExpertSplit`; its bytes count on the CPU by the CPU's share). At batch 1 the CPU part holds the one host thread, so these are
     the step's chain beside it: nothing else launches the GPU's next work meanwhile."""
 
     FIELDS = ("cpu_experts", "cpu_bytes", "cpu_seconds", "cpu_parts", "streamed_experts", "route_seconds",
-              "dispatch_seconds", "merge_seconds", "between_seconds", "betweens")
+              "dispatch_seconds", "merge_seconds", "between_seconds", "betweens", "cut_experts")
 
     def __init__(self):
         self.counts: dict[str, dict[str, float]] = {}
 
     def add(self, phase: str, cpu_experts: int, cpu_bytes: int, cpu_seconds: float, streamed_experts: int,
-            host: dict[str, float] | None = None) -> None:
+            host: dict[str, float] | None = None, cut: bool = False) -> None:
         counts = self.counts.setdefault(phase, dict.fromkeys(self.FIELDS, 0))
         counts["cpu_experts"] += cpu_experts
         counts["cpu_bytes"] += cpu_bytes
         counts["cpu_seconds"] += cpu_seconds if cpu_experts else 0.0
         counts["cpu_parts"] += 1 if cpu_experts else 0
         counts["streamed_experts"] += streamed_experts
+        counts["cut_experts"] += 1 if cut else 0  # an expert both devices computed, each its features (ExpertSplit)
         if cpu_experts and host:
             for part in ("route", "dispatch", "merge"):
                 counts[f"{part}_seconds"] += host.get(part, 0.0)
@@ -101,3 +103,48 @@ class ExpertTally:
         """'{phase}_{field}' → its running total."""
         return {f"{phase}_{field}": value for phase, counts in sorted(self.counts.items())
                 for field, value in counts.items()}
+
+
+class ExpertSplit:
+    """Where to cut one routed expert's intermediate features between the CPU and PCIe, so that both finish together.
+
+    At decode an experts op with a CPU part holds the one host thread: after the CPU part it still launches the
+    merge, the next layer's attention and router (the host's 'chain', H seconds per CPU part: the GPU part's launches,
+    the merge, and the host's time between two experts ops, `ExpertTally`), while the GPU, its copies done, waits.
+    Whole experts cannot balance that at batch 1 (one routed expert each way leaves the GPU ~H idle). So the CPU's
+    last routed expert is cut: the CPU computes its first c of F intermediate features (gate and up rows [0, c),
+    down's columns [0, c)) from the host tier, the GPU the other F − c from a staged copy of those rows and columns,
+    and the two partial outputs add up in the merge (the down projection is linear in the features). With m CPU
+    experts, g streamed ones, C and P the CPU's and the copy's seconds per expert, the host side takes
+    (m − 1 + c/F)·C + H and the GPU side (g + 1 − c/F)·P, equal at
+
+        c/F = ((g + 1)·P − (m − 1)·C − H) / (C + P),
+
+    rounded to `rows` (at least `rows` stay on the CPU); no cut when that reaches F (the CPU is the faster side) or before H is measured (the first
+    decode steps, or a share without a measured copy time)."""
+
+    ROWS = 256  # the cut's granularity in features (whole AMX/GEMM tiles on both sides)
+
+    def __init__(self, share: "ExpertShare", tally: ExpertTally, ffn_dim: int, rows: int = ROWS):
+        self.share, self.tally, self.ffn_dim, self.rows = share, tally, ffn_dim, rows
+
+    def host_seconds(self) -> float | None:
+        """H: the host's chain per decode CPU part, from the tally (None until a CPU part followed another)."""
+        counts = self.tally.counts.get("decode")
+        if not counts or not counts["cpu_parts"] or not counts["betweens"]:
+            return None
+        parts = counts["cpu_parts"]
+        return ((counts["dispatch_seconds"] + counts["merge_seconds"]) / parts
+                + counts["between_seconds"] / counts["betweens"])
+
+    def features(self, cpu_experts: int, streamed_experts: int) -> int | None:
+        """c, the CPU's features of its last routed expert this step; None: no cut (every expert whole)."""
+        P, chain = self.share.pcie_seconds, self.host_seconds()
+        if not cpu_experts or not P or chain is None:
+            return None
+        C = self.share.current * P
+        share = ((streamed_experts + 1) * P - (cpu_experts - 1) * C - chain) / (C + P)
+        c = int(round(share * self.ffn_dim / self.rows)) * self.rows
+        if c >= self.ffn_dim:
+            return None
+        return max(c, self.rows)

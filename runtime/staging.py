@@ -56,6 +56,30 @@ class _Primed(NamedTuple):
     issued: int
 
 
+def _piece_shape(piece) -> tuple[int, ...]:
+    """The staged shape of one piece of a routed expert (`Streamer.routed_experts`): a host tensor's own; a tuple of
+    row blocks (an expert's gate rows and up rows of its GPU share of the intermediate features), packed."""
+    if isinstance(piece, tuple):
+        return (sum(block.shape[0] for block in piece), *piece[0].shape[1:])
+    return tuple(piece.shape)
+
+
+def _copy_piece(backend: Backend, dst: torch.Tensor, piece) -> int:
+    """Copy one piece into its staged tensor on the current stream; its bytes. Row blocks one after another; a
+    column block of a matrix (rows contiguous, strided apart: down's share of the features) as one 2-D copy."""
+    if isinstance(piece, tuple):
+        row = 0
+        for block in piece:
+            dst[row:row + block.shape[0]].copy_(block, non_blocking=True)
+            row += block.shape[0]
+        return sum(block.numel() * block.element_size() for block in piece)
+    if piece.is_contiguous():
+        dst.copy_(piece, non_blocking=True)
+    else:
+        backend.copy_rows(dst.unsqueeze(1), piece.unsqueeze(1))
+    return piece.numel() * piece.element_size()
+
+
 class Streamer:
     """Double (n-fold) buffered host → GPU streaming of the stream units of one phase at a time."""
 
@@ -132,8 +156,10 @@ class Streamer:
         side. The caller computes with them before asking for the next one."""
         n = len(stream_unit.expert_slots)
         backend, stream = self.backend, self.expert_stream
-        shapes = tuple(tuple(t.shape) for t in sources(experts[0]))
-        slots = [self._expert_slot_views(stream_unit, j, shapes) for j in range(n)]
+        pieces = {expert: sources(expert) for expert in experts}
+        # per position, its slot's staged tensors: an expert's whole matrices, or a part of one (`_piece_shape`)
+        staged = [self._expert_slot_views(stream_unit, position % n, tuple(_piece_shape(p) for p in pieces[e]))
+                  for position, e in enumerate(experts)]
         events = [self._expert_events.setdefault((stream_unit.slot, j), (backend.event(), backend.event()))
                   for j in range(n)]
         begun = backend.event()
@@ -143,9 +169,8 @@ class Streamer:
             slot = position % n
             with backend.on_stream(stream):
                 (begun if position < n else events[slot][1]).wait(stream)
-                for staged, host in zip(slots[slot], sources(experts[position])):
-                    staged.copy_(host, non_blocking=True)
-                    nbytes = host.numel() * host.element_size()
+                for dst, piece in zip(staged[position], pieces[experts[position]]):
+                    nbytes = _copy_piece(backend, dst, piece)
                     backend.transfers.count(nbytes, True, "experts")
                     backend.transfers.streamed_bytes += nbytes
                 events[slot][0].record(stream)
@@ -157,7 +182,7 @@ class Streamer:
         for position, expert in enumerate(experts):
             slot = position % n
             events[slot][0].wait()
-            yield expert, slots[slot]
+            yield expert, staged[position]
             events[slot][1].record()  # its compute is enqueued: the slot may be refilled after it
             if position + n < len(experts):
                 issue(position + n)

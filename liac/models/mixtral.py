@@ -47,9 +47,15 @@ class Router(nn.Module):
         return h, weights.scatter(-1, index, top)  # dense [B, Q, X] fp32: zero where a token is not routed
 
 
-def expert_ffn(gate_up: torch.Tensor, down: torch.Tensor, x: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
-    """One SwiGLU expert: x [m, D] → [m, D] with gate_up [2F, D] (rows [gate; up]) and down [D, F]."""
-    gate, up = linear(x, gate_up, None).chunk(2, dim=-1)
+def expert_ffn(gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor], down: torch.Tensor, x: torch.Tensor,
+               linear: Linear = F.linear) -> torch.Tensor:
+    """One SwiGLU expert: x [m, D] → [m, D] with gate_up [2F, D] (rows [gate; up]) and down [D, F]. gate_up may be
+    a pair (gate [f, D], up [f, D]) of rows kept apart in memory, down then [D, f] (a view of its columns): the
+    expert over f of its F intermediate features, whose outputs over the other features add up to the expert's."""
+    if isinstance(gate_up, tuple):
+        gate, up = linear(x, gate_up[0], None), linear(x, gate_up[1], None)
+    else:
+        gate, up = linear(x, gate_up, None).chunk(2, dim=-1)
     return linear(F.silu(gate) * up, down, None)
 
 

@@ -199,3 +199,19 @@ def test_wake_ab_runs_each_optimum_again_waking_the_cpu_team(tmp_path, monkeypat
     assert bench.summary["runs_index"] == ["optimal:b1", "optimal@wake:b1", "experts-cpu:b1", "optimal:b8",
                                            "optimal@wake:b8", "experts-cpu:b8"]
     assert [s.cpu_wake for s in specs] == [None, True, None, None, True, None]
+
+
+def test_split_ab_runs_each_optimum_again_cutting_an_expert_by_features(tmp_path, monkeypatch):
+    """`--split-ab`: right after each optimum the same plan runs with Engine expert_split=True, 'optimal@cut:bN'; a
+    run's record carries the option to the table's row."""
+    calls = []
+    monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
+    bench = _bench(tmp_path, share_ab=False, wake_ab=False, split_ab=True, threads_ab=[], measure_gen_len=4,
+                   profile_steps=0, max_run_seconds=60.0, reserve_s=0.0)
+    bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}
+                              for b in (1, 8) for c in ("optimal", "experts-cpu")]
+    bench.runs()
+    (specs,) = calls
+    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@cut:b1", "experts-cpu:b1", "optimal:b8",
+                                           "optimal@cut:b8", "experts-cpu:b8"]
+    assert [s.expert_split for s in specs] == [None, True, None, None, True, None]

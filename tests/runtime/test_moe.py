@@ -680,3 +680,65 @@ def test_tally_times_the_host_work_beside_each_cpu_part(checkpoints, reference):
     host = build_metrics(engine, out, {})["experts"]["decode"]["host_ms_per_cpu_part"]
     assert host["route"] == pytest.approx(out.experts["decode_route_seconds"] / parts * 1e3, rel=1e-4)
     assert host["between"] == pytest.approx(out.experts["decode_between_seconds"] / betweens * 1e3, rel=1e-4)
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, monkeypatch):
+    """`Engine.from_plan(expert_split=True)` (runtime/moe.py `ExpertSplit`): a decode step's last CPU expert computed
+    by both devices, the CPU its first c intermediate features from the host tier, the GPU the rest through the
+    expert slots (gate and up rows as blocks, down's columns as one 2-D copy); the two partial outputs add up to
+    HF's expert: HF's tokens and logits, and the streamed bytes are the GPU's share of the cut experts."""
+    from liac.runtime.moe import ExpertShare, ExpertSplit
+
+    directory, cfg = checkpoints(family)
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 3, 2)), directory,
+                              backend=make_test_backend("emulated"), dtype=torch.float32, expert_share=1.0,
+                              expert_split=True)
+    executor = engine.executor
+    assert executor.expert_split is None  # a given ratio has no measured copy time: nothing to balance against
+    cut = 40  # of 96 features: not a multiple of anything the kernels favour
+    splitter = ExpertSplit(ExpertShare(1.0, pcie_seconds=1e-3), executor.expert_tally, cfg.ffn_dim, rows=8)
+    monkeypatch.setattr(splitter, "features", lambda cpu, streamed: cut)
+    executor.expert_split = splitter
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference(family)
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+    cuts = out.experts["decode_cut_experts"]
+    assert cuts == out.experts["decode_cpu_parts"] > 0  # every decode CPU part cut its last expert
+    one_expert = 3 * cfg.ffn_dim * cfg.hidden_size * 4
+    whole = out.experts["decode_cpu_experts"] - cuts
+    assert out.experts["decode_cpu_bytes"] == whole * one_expert + cuts * round(cut / cfg.ffn_dim * one_expert)
+    # bf16: the CPU's strided down columns and the GPU's 2-D copy in the model's dtype, within bf16's tolerance
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 3, 2)), directory,
+                              backend=make_test_backend("emulated"), expert_share=1.0)
+    engine.executor.expert_split = ExpertSplit(ExpertShare(1.0, pcie_seconds=1e-3), engine.executor.expert_tally,
+                                               cfg.ffn_dim, rows=8)
+    monkeypatch.setattr(engine.executor.expert_split, "features", lambda cpu, streamed: cut)
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    assert out.experts["decode_cut_experts"] > 0
+    fp32, bf16, _, _ = reference(family)
+    _assert_moe_bf16_close(out, fp32, bf16)
+
+
+def test_expert_split_balances_the_cpu_and_the_host_chain_against_the_copies():
+    """`ExpertSplit.features`: c/F = ((g + 1)·P − (m − 1)·C − H) / (C + P), H the host's chain per decode CPU part
+    from the tally, rounded to `rows`; no cut before H is measured, nor when the CPU is the faster side."""
+    from liac.runtime.moe import ExpertShare, ExpertSplit, ExpertTally
+
+    tally = ExpertTally()
+    splitter = ExpertSplit(ExpertShare(1.1, pcie_seconds=7e-3), tally, 14336)
+    assert splitter.features(1, 1) is None  # nothing measured yet
+    # the H200's batch-1 split layer: CPU 7.7 ms an expert, copy 7 ms; dispatch 0.3, merge 0.2, between 2.0 ms
+    tally.add("decode", 1, 1, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": None})
+    assert splitter.features(1, 1) is None  # no CPU part has followed another yet
+    tally.add("decode", 1, 1, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": 2e-3})
+    assert splitter.host_seconds() == pytest.approx(2.5e-3)
+    c = splitter.features(1, 1)
+    assert c == round((2 * 7e-3 - 2.5e-3) / (7.7e-3 + 7e-3) * 14336 / 256) * 256 == 11264
+    host, gpu = c / 14336 * 7.7e-3 + 2.5e-3, (2 - c / 14336) * 7e-3
+    assert abs(host - gpu) < 0.2e-3  # both sides within a cut's granularity of each other
+    # two CPU experts and none streamed: the GPU takes all but the least cut of the second one
+    assert splitter.features(2, 0) == 256
+    fast = ExpertSplit(ExpertShare(0.3, pcie_seconds=7e-3), tally, 14336)
+    assert fast.features(1, 1) is None  # a CPU three times as fast as PCIe keeps its expert whole
