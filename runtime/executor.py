@@ -893,7 +893,7 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         cut, cpu_share = None, float(len(on["cpu"]))  # cpu_share: the CPU's experts, a cut one by its features' share
         splitter = ex.expert_split if may_cut else None
         if splitter is not None and on["cpu"]:
-            features = splitter.features(len(on["cpu"]), len(on["gpu"]))
+            features = splitter.features(len(on["cpu"]), len(on["gpu"]), expert_bytes)
             if features is not None:
                 cut = (on["cpu"][-1], features)
                 on["gpu"] = sorted(on["gpu"] + [cut[0]])

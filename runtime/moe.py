@@ -115,7 +115,8 @@ class ExpertSplit:
     last routed expert is cut: the CPU computes its first c of F intermediate features (gate and up rows [0, c),
     down's columns [0, c)) from the host tier, the GPU the other F − c from a staged copy of those rows and columns,
     and the two partial outputs add up in the merge (the down projection is linear in the features). With m CPU
-    experts, g streamed ones, C and P the CPU's and the copy's seconds per expert, the host side takes
+    experts, g streamed ones, C and P the CPU's (as measured over the decode steps so far) and the copy's (at load)
+    seconds per expert, the host side takes
     (m − 1 + c/F)·C + H and the GPU side (g + 1 − c/F)·P, equal at
 
         c/F = ((g + 1)·P − (m − 1)·C − H) / (C + P),
@@ -137,12 +138,21 @@ class ExpertSplit:
         return ((counts["dispatch_seconds"] + counts["merge_seconds"]) / parts
                 + counts["between_seconds"] / counts["betweens"])
 
-    def features(self, cpu_experts: int, streamed_experts: int) -> int | None:
-        """c, the CPU's features of its last routed expert this step; None: no cut (every expert whole)."""
+    def cpu_seconds(self, expert_bytes: int) -> float | None:
+        """C: the CPU parts' host seconds per expert's bytes over the decode steps so far (the kernel's rate in place,
+        beside the copies, which the load-time ratio does not see); None before any."""
+        counts = self.tally.counts.get("decode")
+        if not counts or not counts["cpu_bytes"] or not expert_bytes:
+            return None
+        return counts["cpu_seconds"] * expert_bytes / counts["cpu_bytes"]
+
+    def features(self, cpu_experts: int, streamed_experts: int, expert_bytes: int = 0) -> int | None:
+        """c, the CPU's features of its last routed expert this step; None: no cut (every expert whole). C is the
+        CPU parts' measured seconds per expert (`cpu_seconds`), the share's ratio times P before any."""
         P, chain = self.share.pcie_seconds, self.host_seconds()
         if not cpu_experts or not P or chain is None:
             return None
-        C = self.share.current * P
+        C = self.cpu_seconds(expert_bytes) or self.share.current * P
         share = ((streamed_experts + 1) * P - (cpu_experts - 1) * C - chain) / (C + P)
         c = int(round(share * self.ffn_dim / self.rows)) * self.rows
         if c >= self.ffn_dim:

@@ -698,7 +698,7 @@ def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, 
     assert executor.expert_split is None  # a given ratio has no measured copy time: nothing to balance against
     cut = 40  # of 96 features: not a multiple of anything the kernels favour
     splitter = ExpertSplit(ExpertShare(1.0, pcie_seconds=1e-3), executor.expert_tally, cfg.ffn_dim, rows=8)
-    monkeypatch.setattr(splitter, "features", lambda cpu, streamed: cut)
+    monkeypatch.setattr(splitter, "features", lambda cpu, streamed, nbytes: cut)
     executor.expert_split = splitter
     out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
     _, _, tokens, logits = reference(family)
@@ -714,7 +714,7 @@ def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, 
                               backend=make_test_backend("emulated"), expert_share=1.0)
     engine.executor.expert_split = ExpertSplit(ExpertShare(1.0, pcie_seconds=1e-3), engine.executor.expert_tally,
                                                cfg.ffn_dim, rows=8)
-    monkeypatch.setattr(engine.executor.expert_split, "features", lambda cpu, streamed: cut)
+    monkeypatch.setattr(engine.executor.expert_split, "features", lambda cpu, streamed, nbytes: cut)
     out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
     assert out.experts["decode_cut_experts"] > 0
     fp32, bf16, _, _ = reference(family)
@@ -730,15 +730,21 @@ def test_expert_split_balances_the_cpu_and_the_host_chain_against_the_copies():
     splitter = ExpertSplit(ExpertShare(1.1, pcie_seconds=7e-3), tally, 14336)
     assert splitter.features(1, 1) is None  # nothing measured yet
     # the H200's batch-1 split layer: CPU 7.7 ms an expert, copy 7 ms; dispatch 0.3, merge 0.2, between 2.0 ms
-    tally.add("decode", 1, 1, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": None})
-    assert splitter.features(1, 1) is None  # no CPU part has followed another yet
-    tally.add("decode", 1, 1, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": 2e-3})
+    tally.add("decode", 1, 1000, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": None})
+    assert splitter.features(1, 1, 1000) is None  # no CPU part has followed another yet
+    tally.add("decode", 1, 1000, 7.7e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": 2e-3})
     assert splitter.host_seconds() == pytest.approx(2.5e-3)
-    c = splitter.features(1, 1)
+    assert splitter.cpu_seconds(1000) == pytest.approx(7.7e-3)  # measured in place (the load-time ratio said 7.7)
+    c = splitter.features(1, 1, 1000)
     assert c == round((2 * 7e-3 - 2.5e-3) / (7.7e-3 + 7e-3) * 14336 / 256) * 256 == 11264
     host, gpu = c / 14336 * 7.7e-3 + 2.5e-3, (2 - c / 14336) * 7e-3
     assert abs(host - gpu) < 0.2e-3  # both sides within a cut's granularity of each other
+    # the CPU parts' own rate, not the load-time ratio: experts twice the bytes take the CPU twice as long (15.4 ms),
+    # so the CPU keeps fewer features
+    assert splitter.features(1, 1, 2000) == round((2 * 7e-3 - 2.5e-3) / (15.4e-3 + 7e-3) * 14336 / 256) * 256 < c
     # two CPU experts and none streamed: the GPU takes all but the least cut of the second one
-    assert splitter.features(2, 0) == 256
-    fast = ExpertSplit(ExpertShare(0.3, pcie_seconds=7e-3), tally, 14336)
-    assert fast.features(1, 1) is None  # a CPU three times as fast as PCIe keeps its expert whole
+    assert splitter.features(2, 0, 1000) == 256
+    fast = ExpertSplit(ExpertShare(0.3, pcie_seconds=7e-3), ExpertTally(), 14336)
+    fast.tally.add("decode", 1, 1000, 2.1e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": 2e-3})
+    fast.tally.add("decode", 1, 1000, 2.1e-3, 1, {"route": 2e-4, "dispatch": 3e-4, "merge": 2e-4, "between": 2e-3})
+    assert fast.features(1, 1, 1000) is None  # a CPU three times as fast as PCIe keeps its expert whole
