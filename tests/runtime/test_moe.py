@@ -682,8 +682,9 @@ def test_tally_times_the_host_work_beside_each_cpu_part(checkpoints, reference):
     assert host["between"] == pytest.approx(out.experts["decode_between_seconds"] / betweens * 1e3, rel=1e-4)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", MOE)
-def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, monkeypatch):
+def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, backend, monkeypatch):
     """`Engine.from_plan(expert_split=True)` (runtime/moe.py `ExpertSplit`): a decode step's last CPU expert computed
     by both devices, the CPU its first c intermediate features from the host tier, the GPU the rest through the
     expert slots (gate and up rows as blocks, down's columns as one 2-D copy); the two partial outputs add up to
@@ -692,7 +693,7 @@ def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, 
 
     directory, cfg = checkpoints(family)
     engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 3, 2)), directory,
-                              backend=make_test_backend("emulated"), dtype=torch.float32, expert_share=1.0,
+                              backend=make_test_backend(backend), dtype=torch.float32, expert_share=1.0,
                               expert_split=True)
     executor = engine.executor
     assert executor.expert_split is None  # a given ratio has no measured copy time: nothing to balance against
@@ -711,7 +712,7 @@ def test_expert_cut_by_features_matches_hf_fp32(checkpoints, reference, family, 
     assert out.experts["decode_cpu_bytes"] == whole * one_expert + cuts * round(cut / cfg.ffn_dim * one_expert)
     # bf16: the CPU's strided down columns and the GPU's 2-D copy in the model's dtype, within bf16's tolerance
     engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(1, 3, 2)), directory,
-                              backend=make_test_backend("emulated"), expert_share=1.0)
+                              backend=make_test_backend(backend), expert_share=1.0)
     engine.executor.expert_split = ExpertSplit(ExpertShare(1.0, pcie_seconds=1e-3), engine.executor.expert_tally,
                                                cfg.ffn_dim, rows=8)
     monkeypatch.setattr(engine.executor.expert_split, "features", lambda cpu, streamed, nbytes: cut)
