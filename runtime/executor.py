@@ -83,11 +83,13 @@ class Frame:
         self.experts_end: float | None = None  # host clock at the end of the pass's last experts op (ExpertTally)
 
     def rope(self, device: str, module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The RoPE tables (cos, sin) of this frame's positions on `device`, made by the pass's first qkv there and
-        shared by every layer after it (all layers rotate by the same positions and frequencies); None for a
-        module without RoPE."""
+        """At decode (one query token), the RoPE tables (cos, sin) of this frame's positions on `device`, made by the
+        pass's first qkv there and shared by every layer after it (all layers rotate by the same positions and
+        frequencies): a dozen host launches a layer fewer, where the host's launches are the step's chain. None for
+        a module without RoPE, and for a prefill, whose qkv makes its own (the tables of a whole prompt, kept over
+        the pass, and q and k rotated at once would add to the activation peak Eq. 14 prices)."""
         inv_freq = getattr(module, "inv_freq", None)
-        if inv_freq is None:
+        if inv_freq is None or self.length != 1:
             return None
         positions, cached = self.pos[device], self._rope.get(device)
         if cached is None or cached[0] is not positions or cached[1] != dtype:
