@@ -717,51 +717,82 @@ class LayerPricer:
         The release (after the last unit that reads the staging buffer) queues the copy of the stream unit two
         ahead; host → GPU copies of all streams run in the order they were queued on the one copy engine, so the
         first crossing queued after it waits for that whole copy, and the copy after it is queued only at the next
-        release. A crossing out of a split unit is its join, inside the split op (the release follows it)."""
+        release. A crossing out of a split unit is its join, inside the split op (the release follows it).
+
+        Where the release and the first crossing are depends on the placements and on which operands are off HBM
+        only (a unit streams the same bytes from DDR as from CXL): `_queue_window` computes them once per
+        placements' base and host pattern, and each unit's masked term once per tier; the terms are added in the
+        same order as ever (the same floats)."""
+        units = len(self.pc.units)
+        host = tuple(t in HOST_TIERS for t in tiers)
+        window = self._queue_window(index, tiers, hbm_experts, host)
+        if window is None:
+            return None
+        inside, crossing = window
+        gathered = self._gathered
+
+        def masked(key, table, rows, u):
+            key = ("queue", host) + key
+            term = gathered.get(key)
+            if term is None:
+                term = gathered[key] = np.where(inside[u], table[rows], 0.0)
+            return term
+
+        tail = np.zeros((index.shape[0], 1))
+        for u in range(units):
+            table = self._unit(u, tiers[u], hbm_experts)["compute"]
+            if table is not None:
+                tail = tail + masked((u, tiers[u], "compute"), table, index[:, u], u)
+            if kv_tier is not None:
+                table = self._kv_write(u, kv_tier)
+                if table is not None:
+                    tail = tail + masked((u, kv_tier, "kv"), table, index[:, u], u)
+        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
+            for k, table in enumerate(copies):
+                if table is not None:
+                    tail = tail + masked(("edge", edge, k), table, index[:, src] * width + index[:, dst], dst)
+        return np.where(crossing, tail, 0.0)
+
+    def _queue_window(self, index: np.ndarray, tiers: tuple[str, ...], hbm_experts: int, host: tuple[bool, ...]):
+        """`_copy_queue`'s window at these placements (kept per base and host pattern `host`): ([P, 1] per unit,
+        whether it runs from the first crossing to the release; [P, 1] whether a placement has such a crossing),
+        or None when no placement has one."""
+        key = ("queue window", host)
+        if key in self._gathered:
+            return self._gathered[key]
         pc, units = self.pc, len(self.pc.units)
         num = index.shape[0]
+        window = None
         last = np.full(num, -1, dtype=np.int64)  # the staging buffer's last reader (its release follows it)
         for u in range(units):
             if tiers[u] in HOST_TIERS and not pc.units[u].experts:  # routed experts are copied in their op
                 stream = self._unit(u, tiers[u], hbm_experts)["stream"]
                 if stream is not None:
                     last = np.where(stream[index[:, u]].max(axis=1) > 0, u, last)
-        if (last < 0).all():
-            return None
-        shares = [self.shares[u][index[:, u]] for u in range(units)]
+        if not (last < 0).all():
+            shares = [self.shares[u][index[:, u]] for u in range(units)]
 
-        def position(u):  # [P] u's place in the cyclic order that starts right after the release
-            return (u - last - 1) % units
+            def position(u):  # [P] u's place in the cyclic order that starts right after the release
+                return (u - last - 1) % units
 
-        first = np.full(num, units, dtype=np.int64)
-        gathered = self._gathered
-        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
-            if copies[0] is None:
-                continue
-            key = ("edge", edge, 0)
-            if key not in gathered:
-                gathered[key] = copies[0][index[:, src] * width + index[:, dst]]
-            crosses = gathered[key].max(axis=1) > 0
-            join = (shares[src] > 0) & (shares[src] < 1)  # a split's CPU part joins the GPU's at its own op
-            at = np.where(join, position(src) + 1, position(dst))
-            first = np.where(crosses & (at < units), np.minimum(first, at), first)
-        first = np.where(last >= 0, first, units)
-        if (first >= units).all():
-            return None
-        inside = [(position(u) >= first)[:, None] for u in range(units)]  # [P, 1] per unit: from it to the release
-        tail = np.zeros((num, 1))
-        for u in range(units):
-            terms = [self._unit(u, tiers[u], hbm_experts)["compute"]]
-            if kv_tier is not None:
-                terms.append(self._kv_write(u, kv_tier))
-            for table in terms:
-                if table is not None:
-                    tail = tail + np.where(inside[u], table[index[:, u]], 0.0)
-        for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
-            for table in copies:
-                if table is not None:
-                    tail = tail + np.where(inside[dst], table[index[:, src] * width + index[:, dst]], 0.0)
-        return np.where((first < units)[:, None], tail, 0.0)
+            first = np.full(num, units, dtype=np.int64)
+            gathered = self._gathered
+            for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
+                if copies[0] is None:
+                    continue
+                edge_key = ("edge", edge, 0)
+                if edge_key not in gathered:
+                    gathered[edge_key] = copies[0][index[:, src] * width + index[:, dst]]
+                crosses = gathered[edge_key].max(axis=1) > 0
+                join = (shares[src] > 0) & (shares[src] < 1)  # a split's CPU part joins the GPU's at its own op
+                at = np.where(join, position(src) + 1, position(dst))
+                first = np.where(crosses & (at < units), np.minimum(first, at), first)
+            first = np.where(last >= 0, first, units)
+            if not (first >= units).all():
+                inside = [(position(u) >= first)[:, None] for u in range(units)]  # from it to the release
+                window = (inside, (first < units)[:, None])
+        self._gathered[key] = window
+        return window
 
     def _finish(self, state: tuple, index: np.ndarray, own: dict, kv_tier: str | None = None,
                 tiers: tuple[str, ...] | None = None, hbm_experts: int = 0) -> LayerTime:
