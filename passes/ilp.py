@@ -234,6 +234,45 @@ def _clearly_beaten(seconds: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarr
     return np.flatnonzero(keep)
 
 
+def _pair_survivors(pre: "_PhaseFront", dec: "_PhaseFront", tolerance: float = TIE_RELATIVE) -> np.ndarray | None:
+    """`_clearly_beaten` of every (prefill, decode) pair of two fronts (flat indices i · len(dec) + j, ascending),
+    without sorting the pairs: the same rows (None where a NaN would make the two differ; the caller then filters
+    the pairs themselves).
+
+    A pair's seconds are fl(s_i + s_j), its staging max(g_i, g_j), and it uses the GPU when either does. The pairs
+    streaming no more than S are exactly those whose two halves each stream no more than S (and the CPU-only ones
+    those whose halves are both CPU-only), so the least seconds among them is fl(P(S) + D(S)) with P, D the least
+    seconds of each front's rows streaming no more than S (CPU-only rows alone for a CPU-only pair): rounding is
+    monotone, so no pair's rounded sum is below that of the two least halves, which is itself a pair's. For pair
+    (i, j), S is the larger of its two stagings, so its rival is the one computed at row i's staging when
+    g_i ≥ g_j, else at row j's."""
+    if (np.isnan(pre.staging).any() or np.isnan(dec.staging).any() or np.isnan(pre.seconds).any()
+            or np.isnan(dec.seconds).any()):
+        return None
+
+    def least(front, query):  # ([Q] least seconds of any row, of CPU-only rows) streaming at most `query`
+        order = np.argsort(front.staging, kind="stable")
+        upto = np.searchsorted(front.staging[order], query, side="right") - 1
+        seconds = front.seconds[order]
+        out = []
+        for values in (seconds, np.where(front.uses_gpu[order], np.inf, seconds)):
+            running = np.minimum.accumulate(values)
+            out.append(np.where(upto >= 0, running[np.maximum(upto, 0)], np.inf))
+        return out
+
+    rivals = []
+    for front in (pre, dec):  # rivals at each row's own staging: (any GPU use, CPU-only)
+        least_pre, least_dec = least(pre, front.staging), least(dec, front.staging)
+        rivals.append((least_pre[0] + least_dec[0], least_pre[1] + least_dec[1]))
+    (pre_any, pre_cpu), (dec_any, dec_cpu) = rivals
+    gpu = pre.uses_gpu[:, None] | dec.uses_gpu[None, :]
+    at_pre = pre.staging[:, None] >= dec.staging[None, :]
+    rival = np.where(at_pre, np.where(gpu, pre_any[:, None], pre_cpu[:, None]),
+                     np.where(gpu, dec_any[None, :], dec_cpu[None, :]))
+    seconds = pre.seconds[:, None] + dec.seconds[None, :]
+    return np.flatnonzero(~(rival * (1 + 3 * tolerance) < seconds))
+
+
 def expert_counts(num_experts: int, up_to: int | None = None) -> tuple[int, ...]:
     """Expert counts 0 … `up_to` (default all) the ILP enumerates: every count up to EXPERT_GRID experts, else a
     grid of EXPERT_GRID steps over the layer's experts (and `up_to` itself)."""
@@ -464,10 +503,16 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         pairs = np.nonzero(ok.ravel())[0]
         if pairs.size == 0:
             continue
+        prefiltered = False
+        if pairs.size == ok.size and pairs.size > _PREFILTER_ROWS:
+            # every pair allowed: `_front`'s prefilter computed from the two fronts (`_pair_survivors`)
+            survivors = _pair_survivors(pre, dec)
+            if survivors is not None:
+                pairs, prefiltered = survivors, True
         splits = (pre.splits[:, None] + dec.splits[None, :]).ravel()[pairs]
         chain = (pre.chain[:, None] + dec.chain[None, :]).ravel()[pairs]
         keep = pairs[_front(seconds.ravel()[pairs], staging.ravel()[pairs], uses_gpu.ravel()[pairs],
-                            prefer=(splits, chain))]
+                            prefer=(splits, chain), prefiltered=prefiltered)]
         memory = _tier_bytes(cls, weights, kv, hbm_experts)
         parts.append((tuple(weights), kv, memory, pre, dec, keep // dec.seconds.size, keep % dec.seconds.size,
                       hbm_experts))
