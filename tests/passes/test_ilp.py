@@ -1077,6 +1077,36 @@ def test_clearly_beaten_rows_match_their_definition(seed):
     assert 0 < expected.size < n and np.array_equal(ilp._clearly_beaten(seconds, staging, uses_gpu,
                                                                         ilp.TIE_RELATIVE), expected)
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pair_survivors_are_the_clearly_beaten_filter_of_the_materialised_pairs(seed):
+    """`layer_configs` filters the (prefill, decode) pairs of two fronts with `_pair_survivors`, which never builds
+    the pairs' sorted order: it must keep exactly the rows `_clearly_beaten` keeps over the materialised pairs
+    (seconds added, staging the larger, GPU use either). Random fronts with tied staging, seconds on a coarse grid
+    (exact ties) and nudged by a few tolerances, CPU-only halves at random, at the solver's tolerance and a coarse
+    one (where the margin decides many pairs)."""
+    from liac.passes import ilp
+
+    rng = np.random.default_rng(seed)
+
+    def front(n):
+        seconds = rng.integers(1, 20, n).astype(np.float64) * (1 + rng.integers(-4, 5, n) * ilp.TIE_RELATIVE)
+        staging = rng.integers(0, 8, n).astype(np.float64) * 1e6
+        return ilp._PhaseFront(np.zeros((n, 2), dtype=np.int64), seconds, staging, rng.random(n) < rng.random(),
+                               np.ones(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros(n))
+
+    for tolerance in (ilp.TIE_RELATIVE, 0.05):
+        for _ in range(20):
+            pre, dec = front(int(rng.integers(1, 60))), front(int(rng.integers(1, 60)))
+            seconds = (pre.seconds[:, None] + dec.seconds[None, :]).ravel()
+            staging = np.maximum(pre.staging[:, None], dec.staging[None, :]).ravel()
+            uses_gpu = (pre.uses_gpu[:, None] | dec.uses_gpu[None, :]).ravel()
+            expected = ilp._clearly_beaten(seconds, staging, uses_gpu, tolerance)
+            assert np.array_equal(ilp._pair_survivors(pre, dec, tolerance), expected)
+    nan = front(5)
+    nan.seconds[2] = np.nan
+    assert ilp._pair_survivors(nan, front(5)) is None  # the caller filters the pairs themselves
+
+
 def _two_layer_tier_vectors():
     """A 2-layer model on spr-h100-cxl with splits, its decoder class and every tier vector of its two weight
     operands (alternating) and KV cache over HBM, DDR and CXL."""
