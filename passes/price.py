@@ -731,26 +731,28 @@ class LayerPricer:
         inside, crossing = window
         gathered = self._gathered
 
-        def masked(key, table, rows, u):
+        def masked(key, table, rows, u):  # `rows()`: the table's rows at the placements, only when not kept yet
             key = ("queue", host) + key
             term = gathered.get(key)
             if term is None:
-                term = gathered[key] = np.where(inside[u], table[rows], 0.0)
+                term = gathered[key] = np.where(inside[u], table[rows()], 0.0)
             return term
 
         tail = np.zeros((index.shape[0], 1))
+        own = {id(tail): tail}  # the sum is this call's own: added to in place where the shapes allow (`_plus`)
         for u in range(units):
             table = self._unit(u, tiers[u], hbm_experts)["compute"]
             if table is not None:
-                tail = tail + masked((u, tiers[u], "compute"), table, index[:, u], u)
+                tail = _plus(tail, masked((u, tiers[u], "compute"), table, lambda: index[:, u], u), own)
             if kv_tier is not None:
                 table = self._kv_write(u, kv_tier)
                 if table is not None:
-                    tail = tail + masked((u, kv_tier, "kv"), table, index[:, u], u)
+                    tail = _plus(tail, masked((u, kv_tier, "kv"), table, lambda: index[:, u], u), own)
         for edge, (src, dst, width, copies) in enumerate(self._edge_tables()):
             for k, table in enumerate(copies):
                 if table is not None:
-                    tail = tail + masked(("edge", edge, k), table, index[:, src] * width + index[:, dst], dst)
+                    tail = _plus(tail, masked(("edge", edge, k), table,
+                                              lambda: index[:, src] * width + index[:, dst], dst), own)
         return np.where(crossing, tail, 0.0)
 
     def _queue_window(self, index: np.ndarray, tiers: tuple[str, ...], hbm_experts: int, host: tuple[bool, ...]):
