@@ -38,7 +38,8 @@ from liac.errors import InfeasibleError, LiacError
 from liac.passes.costs import ClassCosts, CostGraph
 from liac.passes.ilp_check import GAP_TOLERANCE, certified_bound, check_solution
 from liac.passes.ilp_master import check_capacity, solve_master
-from liac.passes.ilp_records import Assignment, LayerChoice, LayerConfig, SolverOptions
+from liac.passes.ilp_records import (Assignment, ConfigList, LayerChoice, LayerConfig, SolverOptions,
+                                    config_arrays)
 from liac.passes.price import LayerPricer, layer_time, operand_tiers
 from liac.plan import HOST_TIERS, TIERS, experts_permille
 
@@ -548,7 +549,8 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     order = np.lexsort((second, first, index))  # by (part, prefill row, decode row): each triple occurs once
     index, first, second = index[order], first[order], second[order]
     bounds = np.flatnonzero(np.r_[True, index[1:] != index[:-1], True])
-    out = []
+    out = ConfigList()
+    arrays = []  # per part: seconds, bytes, staging, GPU use, in the order of `out`
     make = LayerConfig.from_fields
     # part by part, the chosen rows as Python numbers: tolist once per part, not one numpy scalar per configuration
     for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
@@ -556,9 +558,13 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
         weights, kv, memory, pre, dec = parts[part][:5]
         hbm_experts = parts[part][7]
         rows_pre, rows_dec = first[start:end], second[start:end]
-        staging = np.maximum(pre.staging[rows_pre], dec.staging[rows_dec]).astype(np.int64).tolist()
-        uses_gpu = (pre.uses_gpu[rows_pre] | dec.uses_gpu[rows_dec]).tolist()
+        staging_array = np.maximum(pre.staging[rows_pre], dec.staging[rows_dec]).astype(np.int64)
+        gpu_array = pre.uses_gpu[rows_pre] | dec.uses_gpu[rows_dec]
+        staging, uses_gpu = staging_array.tolist(), gpu_array.tolist()
         hbm, ddr, cxl = memory["hbm"], memory["ddr"], memory["cxl"]
+        arrays.append((pre.seconds[rows_pre] + dec.seconds[rows_dec],  # LayerConfig.seconds: the same sum
+                       np.broadcast_to(np.array([hbm, ddr, cxl], dtype=np.int64), (end - start, 3)), staging_array,
+                       gpu_array))
         for pre_permille, dec_permille, pre_seconds, dec_seconds, stage, gpu in zip(
                 map(tuple, pre.permille[rows_pre].tolist()), map(tuple, dec.permille[rows_dec].tolist()),
                 pre.seconds[rows_pre].tolist(), dec.seconds[rows_dec].tolist(), staging, uses_gpu):
@@ -566,6 +572,9 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
                              "decode_cpu_permille": dec_permille, "prefill_seconds": pre_seconds,
                              "decode_seconds": dec_seconds, "hbm_bytes": hbm, "ddr_bytes": ddr, "cxl_bytes": cxl,
                              "staging_bytes": stage, "uses_gpu": gpu, "hbm_experts": hbm_experts}))
+    out.seconds, out.tier_bytes, out.staging, out.uses_gpu = (np.concatenate([a[k] for a in arrays]) for k in range(4))
+    for array in (out.seconds, out.tier_bytes, out.staging, out.uses_gpu):
+        array.flags.writeable = False
     return out
 
 
@@ -743,8 +752,11 @@ def _class_policy(policy: Policy, cls: ClassCosts) -> Policy:
 
 def _free_bound(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> float:
     """A lower bound of the objective without any memory limit: each class's layers at their fastest."""
-    return sum(cls.count * min((c.seconds for c in configs[cls.layer_class]), default=np.inf)
-               for cls in costs.classes)
+    total = 0
+    for cls in costs.classes:
+        seconds = config_arrays(configs[cls.layer_class])[0]
+        total += cls.count * (float(seconds.min()) if seconds.size else np.inf)
+    return total
 
 
 def _cannot_improve(bound: float, best: float) -> bool:
@@ -754,9 +766,8 @@ def _cannot_improve(bound: float, best: float) -> bool:
 def _assignment(costs: CostGraph, configs: dict[str, list[LayerConfig]], solution) -> Assignment:
     """The master problem's counts as an Assignment at the micro-batch `costs` prices (`assemble_assignment`)."""
     choices = []
-    for cls in costs.classes:
-        for index, config in enumerate(configs[cls.layer_class]):
-            value = solution.counts.get((cls.layer_class, index), 0)
-            if value:
-                choices.append(LayerChoice(cls.layer_class, config, value))
+    for cls in costs.classes:  # in index order, as the configurations are listed
+        for (name, index), value in sorted(solution.counts.items()):
+            if name == cls.layer_class and value:
+                choices.append(LayerChoice(cls.layer_class, configs[cls.layer_class][index], value))
     return assemble_assignment(costs, tuple(choices))

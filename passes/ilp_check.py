@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from liac.passes.costs import CostGraph
-from liac.passes.ilp_records import Assignment, Certificate, LayerConfig
+from liac.passes.ilp_records import Assignment, Certificate, LayerConfig, config_arrays
 from liac.passes.price import layer_time, operand_tiers
 from liac.plan import TIERS
 from liac.sizes import GIB
@@ -153,11 +153,11 @@ def certified_bound(costs: CostGraph, configs: dict[str, list[LayerConfig]], cer
     capacity = (capacity + costs.tied_weight_bytes) / GIB  # [L, 3]
     per_class = []
     for cls in costs.classes:
-        rows = sorted(configs[cls.layer_class], key=lambda c: c.staging_bytes)
-        staging = np.array([c.staging_bytes for c in rows], dtype=np.float64)
-        seconds = np.array([c.seconds for c in rows])
-        memory = np.array([(c.hbm_bytes, c.ddr_bytes, c.cxl_bytes) for c in rows],  # TIERS order
-                          dtype=np.float64).reshape(-1, 3) / GIB
+        seconds, memory, staging, _ = config_arrays(configs[cls.layer_class])
+        order = np.argsort(staging, kind="stable")  # by staging (a stable sort, as `sorted`)
+        staging = staging[order].astype(np.float64)
+        seconds = seconds[order]
+        memory = memory[order].astype(np.float64) / GIB  # TIERS order
         upto = np.searchsorted(staging, levels, side="right")  # configurations streaming at most the level
         starts = np.flatnonzero(np.r_[True, staging[1:] != staging[:-1]]) if staging.size else np.zeros(0, int)
         group = np.minimum(np.searchsorted(staging[starts], levels), max(starts.size - 1, 0))

@@ -34,7 +34,7 @@ from liac.passes.costs import CostGraph
 from liac.passes.ilp_knapsack import (ClassColumns, LevelProblem, LevelSolution, TooLarge, beats,
                                       solve_level, useful_columns)
 from liac.passes.ilp_lp import solve_lp
-from liac.passes.ilp_records import Certificate, LayerConfig, SolverOptions
+from liac.passes.ilp_records import Certificate, LayerConfig, SolverOptions, config_arrays
 from liac.plan import TIERS
 from liac.sizes import GIB
 
@@ -253,7 +253,7 @@ def _staging_levels(configs: dict[str, list[LayerConfig]]) -> list[int]:
     """The staging sizes S a master problem is solved at (Eq. 12'): each distinct size some configuration streams.
     (None is redundant: the configurations are a Pareto front that includes staging, so each size brings one that
     no configuration streaming less dominates.)"""
-    return sorted({c.staging_bytes for options in configs.values() for c in options})
+    return sorted({int(size) for options in configs.values() for size in np.unique(config_arrays(options)[2])})
 
 
 def _cannot_beat(bound: float, best: tuple) -> bool:
@@ -291,20 +291,15 @@ def _columns(costs: CostGraph, configs: dict[str, list[LayerConfig]]) -> dict[st
     out = {}
     for cls in costs.classes:
         options = configs[cls.layer_class]
-        staging = np.array([c.staging_bytes for c in options], dtype=np.int64)
+        seconds, tier_bytes, staging, uses_gpu = config_arrays(options)
         order = np.argsort(staging, kind="stable")  # by staging, then index
         tier_index = {t: k for k, t in enumerate(TIERS)}
+        weights_tier = np.full(len(options), -1, dtype=np.int64) if cls.layer_class == "decoder" else \
+            np.array([tier_index.get(c.weights_tier, -1) for c in options], dtype=np.int64)
         out[cls.layer_class] = ClassColumns(
             layer_class=cls.layer_class, count=cls.count, workspace_bytes=cls.workspace_bytes,
-            index=order.astype(np.int64),
-            seconds=np.array([c.seconds for c in options], dtype=np.float64)[order],
-            tier_bytes=np.array([(c.hbm_bytes, c.ddr_bytes, c.cxl_bytes) for c in options],
-                                dtype=np.int64).reshape(len(options), 3)[order],
-            staging=staging[order],
-            uses_gpu=np.array([c.uses_gpu for c in options], dtype=bool)[order],
-            weights_tier=np.array([tier_index.get(c.weights_tier, -1) if cls.layer_class != "decoder" else -1
-                                   for c in options],
-                                  dtype=np.int64)[order])
+            index=order.astype(np.int64), seconds=seconds[order], tier_bytes=tier_bytes[order],
+            staging=staging[order], uses_gpu=uses_gpu[order], weights_tier=weights_tier[order])
     return out
 
 

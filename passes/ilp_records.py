@@ -16,7 +16,8 @@ import numpy as np
 
 from liac.passes.costs import Microbatch
 
-__all__ = ["SolverOptions", "LayerConfig", "LayerChoice", "Assignment", "Certificate"]
+__all__ = ["SolverOptions", "LayerConfig", "ConfigList", "config_arrays", "LayerChoice", "Assignment",
+           "Certificate"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,27 @@ class LayerConfig:
     def weights_tier(self) -> str:
         """The tier of an embed/head configuration's weights (their one unit)."""
         return next((t for t in self.weights if t != "none"), "none")
+
+
+class ConfigList(list):
+    """A class's configurations (a list of LayerConfig, `ilp.layer_configs`) with their numbers also as arrays in
+    list order, so that the master problem and the solution check read them without a loop over thousands of
+    objects (`config_arrays`). Never modified after it is made; a list made from it (a slice, a filter) is a plain
+    list, read through its objects."""
+
+    __slots__ = ("seconds", "tier_bytes", "staging", "uses_gpu")
+
+
+def config_arrays(options: list) -> tuple:
+    """(seconds [K] float64 (prefill + decode, as `LayerConfig.seconds`), bytes [K, 3] int64 (HBM, DDR, CXL),
+    staging bytes [K] int64, uses the GPU [K] bool) of a list of configurations: a ConfigList's own arrays, else
+    read from each object."""
+    if isinstance(options, ConfigList):
+        return options.seconds, options.tier_bytes, options.staging, options.uses_gpu
+    return (np.array([c.seconds for c in options], dtype=np.float64),
+            np.array([(c.hbm_bytes, c.ddr_bytes, c.cxl_bytes) for c in options], dtype=np.int64).reshape(-1, 3),
+            np.array([c.staging_bytes for c in options], dtype=np.int64),
+            np.array([c.uses_gpu for c in options], dtype=bool))
 
 
 class LayerChoice(NamedTuple):
