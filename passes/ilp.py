@@ -549,32 +549,19 @@ def layer_configs(costs: CostGraph, cls: ClassCosts, policy: Policy = Policy("op
     order = np.lexsort((second, first, index))  # by (part, prefill row, decode row): each triple occurs once
     index, first, second = index[order], first[order], second[order]
     bounds = np.flatnonzero(np.r_[True, index[1:] != index[:-1], True])
-    out = ConfigList()
-    arrays = []  # per part: seconds, bytes, staging, GPU use, in the order of `out`
-    make = LayerConfig.from_fields
-    # part by part, the chosen rows as Python numbers: tolist once per part, not one numpy scalar per configuration
+    # part by part: each configuration's part, rows and numbers as arrays; the LayerConfig objects are made when
+    # asked for (ConfigList)
+    columns = []
     for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        part = int(index[start])
-        weights, kv, memory, pre, dec = parts[part][:5]
-        hbm_experts = parts[part][7]
+        weights, kv, memory, pre, dec = parts[int(index[start])][:5]
         rows_pre, rows_dec = first[start:end], second[start:end]
-        staging_array = np.maximum(pre.staging[rows_pre], dec.staging[rows_dec]).astype(np.int64)
-        gpu_array = pre.uses_gpu[rows_pre] | dec.uses_gpu[rows_dec]
-        staging, uses_gpu = staging_array.tolist(), gpu_array.tolist()
-        hbm, ddr, cxl = memory["hbm"], memory["ddr"], memory["cxl"]
-        arrays.append((pre.seconds[rows_pre] + dec.seconds[rows_dec],  # LayerConfig.seconds: the same sum
-                       np.broadcast_to(np.array([hbm, ddr, cxl], dtype=np.int64), (end - start, 3)), staging_array,
-                       gpu_array))
-        for pre_permille, dec_permille, pre_seconds, dec_seconds, stage, gpu in zip(
-                map(tuple, pre.permille[rows_pre].tolist()), map(tuple, dec.permille[rows_dec].tolist()),
-                pre.seconds[rows_pre].tolist(), dec.seconds[rows_dec].tolist(), staging, uses_gpu):
-            out.append(make({"weights": weights, "kv_cache": kv, "prefill_cpu_permille": pre_permille,
-                             "decode_cpu_permille": dec_permille, "prefill_seconds": pre_seconds,
-                             "decode_seconds": dec_seconds, "hbm_bytes": hbm, "ddr_bytes": ddr, "cxl_bytes": cxl,
-                             "staging_bytes": stage, "uses_gpu": gpu, "hbm_experts": hbm_experts}))
-    out.seconds, out.tier_bytes, out.staging, out.uses_gpu = (np.concatenate([a[k] for a in arrays]) for k in range(4))
-    for array in (out.seconds, out.tier_bytes, out.staging, out.uses_gpu):
-        array.flags.writeable = False
+        columns.append((pre.seconds[rows_pre] + dec.seconds[rows_dec],  # LayerConfig.seconds: the same sum
+                        np.broadcast_to(np.array([memory["hbm"], memory["ddr"], memory["cxl"]], dtype=np.int64),
+                                        (end - start, 3)),
+                        np.maximum(pre.staging[rows_pre], dec.staging[rows_dec]).astype(np.int64),
+                        pre.uses_gpu[rows_pre] | dec.uses_gpu[rows_dec]))
+    out = ConfigList([(p[0], p[1], p[2], p[3], p[4], p[7]) for p in parts], index, first, second,
+                     *(np.concatenate([c[k] for c in columns]) for k in range(4)))
     return out
 
 

@@ -10,6 +10,7 @@ another one back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -96,13 +97,56 @@ class LayerConfig:
         return next((t for t in self.weights if t != "none"), "none")
 
 
-class ConfigList(list):
-    """A class's configurations (a list of LayerConfig, `ilp.layer_configs`) with their numbers also as arrays in
-    list order, so that the master problem and the solution check read them without a loop over thousands of
-    objects (`config_arrays`). Never modified after it is made; a list made from it (a slice, a filter) is a plain
-    list, read through its objects."""
+class ConfigList(Sequence):
+    """A class's configurations (`ilp.layer_configs`), a read-only sequence of LayerConfig whose numbers are also
+    arrays in sequence order (`seconds`, `tier_bytes`, `staging`, `uses_gpu`; `config_arrays` reads them), so the
+    master problem and the solution check need no loop over thousands of objects. Each LayerConfig is made when
+    first asked for (the master problem offers a few hundred of tens of thousands), equal to the one a list would
+    have held.
 
-    __slots__ = ("seconds", "tier_bytes", "staging", "uses_gpu")
+    Made from `parts`, per tier vector (weights, kv_cache, memory {tier: bytes}, prefill front, decode front,
+    experts in HBM), and per configuration its part and its rows in the two fronts (`_PhaseFront` arrays)."""
+
+    def __init__(self, parts: list, part: np.ndarray, prefill_row: np.ndarray, decode_row: np.ndarray,
+                 seconds: np.ndarray, tier_bytes: np.ndarray, staging: np.ndarray, uses_gpu: np.ndarray):
+        self._parts, self._part, self._pre, self._dec = parts, part, prefill_row, decode_row
+        self.seconds, self.tier_bytes, self.staging, self.uses_gpu = seconds, tier_bytes, staging, uses_gpu
+        for array in (seconds, tier_bytes, staging, uses_gpu):
+            array.flags.writeable = False
+        self._made: dict[int, LayerConfig] = {}
+
+    def __len__(self) -> int:
+        return int(self._part.size)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("configuration index out of range")
+        config = self._made.get(index)
+        if config is None:
+            weights, kv, memory, pre, dec, hbm_experts = self._parts[int(self._part[index])]
+            first, second = int(self._pre[index]), int(self._dec[index])
+            config = self._made[index] = LayerConfig.from_fields({
+                "weights": weights, "kv_cache": kv, "prefill_cpu_permille": tuple(pre.permille[first].tolist()),
+                "decode_cpu_permille": tuple(dec.permille[second].tolist()),
+                "prefill_seconds": float(pre.seconds[first]), "decode_seconds": float(dec.seconds[second]),
+                "hbm_bytes": memory["hbm"], "ddr_bytes": memory["ddr"], "cxl_bytes": memory["cxl"],
+                "staging_bytes": int(self.staging[index]), "uses_gpu": bool(self.uses_gpu[index]),
+                "hbm_experts": hbm_experts})
+        return config
+
+    def __iter__(self):
+        for index in range(len(self)):
+            yield self[index]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    __hash__ = None
 
 
 def config_arrays(options: list) -> tuple:

@@ -1210,3 +1210,27 @@ def test_the_micro_batch_rule_keeps_the_first_within_1e_9():
         assert _first_best(found)[1] == best[1]
         least = float(values.min())
         assert best[0].objective_seconds < least * (1 + _NEAR) * (1 - 1e-9)
+
+
+def test_layer_configs_arrays_are_their_objects_numbers():
+    """`layer_configs` returns a ConfigList: its arrays (read by the master problem and the solution check instead
+    of the objects) hold exactly each LayerConfig's seconds (prefill + decode), bytes per tier, staging and GPU
+    use, in order; its objects, made when asked for, are the same whichever way they are reached (index, negative
+    index, slice, iteration), and a list of them reads the same through `config_arrays`."""
+    from liac.passes.ilp import layer_configs
+    from liac.passes.ilp_records import ConfigList, config_arrays
+
+    costs = tiny_costs(2, "spr-h100-cxl", 16, 0.3, cxl=True, split=(250, 500, 750))
+    configs = layer_configs(costs, costs.layer_class("decoder"))
+    assert isinstance(configs, ConfigList) and len(configs) > 50
+    objects = list(configs)
+    seconds, tier_bytes, staging, uses_gpu = config_arrays(configs)
+    assert seconds.tolist() == [c.prefill_seconds + c.decode_seconds for c in objects]
+    assert tier_bytes.tolist() == [[c.hbm_bytes, c.ddr_bytes, c.cxl_bytes] for c in objects]
+    assert staging.tolist() == [c.staging_bytes for c in objects] and uses_gpu.tolist() == [c.uses_gpu for c in objects]
+    assert all(isinstance(v, int) for c in objects[:20] for v in (c.staging_bytes, *c.prefill_cpu_permille))
+    assert configs[-1] is objects[-1] and configs[3:7] == objects[3:7] and configs == objects
+    for mine, theirs in zip(config_arrays(configs), config_arrays(objects)):
+        assert np.array_equal(mine, theirs) and mine.dtype == theirs.dtype
+    with pytest.raises(IndexError):
+        configs[len(configs)]
