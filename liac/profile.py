@@ -114,6 +114,12 @@ class HardwareProfile:
         "CPU reading an MoE expert's weights (its SwiGLU at one row, the runtime's kernel) while another expert's "
         "weights are copied to the GPU, GB/s: the CPU side of a split experts unit while its routed experts' copies "
         "run (docs/cost-model.md Eq. 21c); 0: not measured, not priced", minimum=0, default=0.0)
+    runtime_op_seconds_beside_cpu: float = spec_field(
+        "the runtime's host time per op of a decode layer whose MoE experts op has a CPU part: the one host thread "
+        "runs the layer's ops (the routing read, the GPU's routed experts' dispatch, the merge, the other units' "
+        "launches) beside that CPU part, not under the copies (docs/cost-model.md Eq. 21d; measured as the runs' "
+        "host seconds per CPU part over the layer's ops, bench/reprice.py --chain-from-runs); 0: not measured, "
+        "Eq. 24's runtime_op_seconds on the chain", minimum=0, default=0.0)
     ddr_shared_kv_gb_per_s: float = spec_field(
         "DDR bytes/s served in total when the CPU's fused decode attention reads a KV cache in DDR while pinned "
         "host-to-device copies read DDR too (the rates probe: the attention's KV read beside the copies plus "
@@ -208,7 +214,7 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "cxl_latency_ns": (0.0, 1e6), "pcie_h2d_gb_per_s": _RATE, "pcie_d2h_gb_per_s": _RATE,
            "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
-           "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS,
+           "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS, "runtime_op_seconds_beside_cpu": _SECONDS,
            "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1]), "ddr_shared_kv_gb_per_s": (0.0, _RATE[1])}
 
 
@@ -216,9 +222,10 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
                     "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s",
-                    "ddr_shared_kv_gb_per_s")
+                    "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu")
 # Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
-UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s")
+UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s",
+                      "runtime_op_seconds_beside_cpu")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:

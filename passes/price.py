@@ -46,7 +46,7 @@ __all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice"
            "shared_ddr_seconds",
            "expert_reads_beside_copies", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
-           "group_hbm_experts"]
+           "group_hbm_experts", "chain_ops"]
 
 
 # Eq. 24: the ops the runtime dispatches for a split unit (its GPU part, its CPU part and their join), each costing
@@ -285,14 +285,24 @@ def _kv_tier(cls: ClassCosts, tiers: tuple[str, ...]) -> str | None:
     return next((t for t, op in zip(tiers, cls.operands) if op == "kv"), None)
 
 
+def chain_ops(pc: PhaseCosts, phase: str) -> int | None:
+    """Eq. 21d: the host ops of a decode layer's units other than its MoE experts unit (one each, as Eq. 24 counts
+    a whole unit), which run on the host thread after the experts op's CPU part; None in a prefill or a layer
+    without an experts unit (no such chain is priced)."""
+    if phase != "decode" or not any(u.experts for u in pc.units):
+        return None
+    return sum(1 for u in pc.units if not u.experts)
+
+
 def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
-                  hbm_experts: int = 0) -> dict:
+                  hbm_experts: int = 0, other_ops: int | None = None) -> dict:
     """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
     'stream' bytes to the GPU, 'staged' bytes it needs in the staging buffer, 'read' bytes the CPU reads from the
     tier, 'cpu' seconds the CPU computes and the DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether
-    the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 21)."""
+    the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 21); `other_ops`, the
+    ops of its layer's other units at decode (`chain_ops`), prices its layer's host chain beside a CPU part (Eq. 21d)."""
     if unit.experts:
-        return _expert_options(costs, unit, tier, permille, steps, hbm_experts)
+        return _expert_options(costs, unit, tier, permille, steps, hbm_experts, other_ops)
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "read", "cpu", "beside",
                                                              "yield_read", "yield_cpu", "kv_read")}
@@ -336,7 +346,7 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
 
 
 def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
-                    hbm: int) -> dict:
+                    hbm: int, other_ops: int | None = None) -> dict:
     """`_unit_options` of an MoE experts unit (Eq. 21): of its E experts, `hbm` are resident in HBM, and at a CPU
     share `permille` the CPU computes c of the others from `tier` (1000 · c // E = permille), while the GPU computes
     the resident ones and the s = E − hbm − c streamed ones. Streamed experts are copied only when routed, so after
@@ -345,8 +355,15 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
     buffer. Both devices at once: the slower part plus the sync of a split (Eq. 15), where (Eq. 21b) the CPU's part
     begins once the one host thread has dispatched the GPU's routed experts (an op each, Eq. 24), and the routed
     experts' copies and the CPU's expert reads share DDR while both run (Eq. 6 over the unit alone), the CPU's
-    reads beside the copies at the rate its expert kernel keeps beside a copy (Eq. 21c)."""
+    reads beside the copies at the rate its expert kernel keeps beside a copy (Eq. 21c).
+
+    Eq. 21d (decode, `other_ops` given, the profile's `runtime_op_seconds_beside_cpu` o_c > 0): with a CPU part the
+    one host thread runs, after it, the merge, the layer's other units' launches (the next layer's attention and
+    router) and the routing read, while the GPU finishes only its copies: the layer's host ops (the GPU's routed
+    experts dispatched, this unit's own, the `other_ops` of the layer's other units) at o_c each join the CPU side
+    of the max, and the other units' Eq. 24 ops, which the chain adds with each of them, are taken back here."""
     experts = unit.experts
+    beside_cpu = costs.runtime_op_seconds_beside_cpu if other_ops is not None else 0.0
     tier_index = TIERS.index(tier)
     out = {key: np.zeros((permille.size, steps)) for key in ("compute", "stream", "staged", "read", "cpu", "beside",
                                                              "yield_read", "yield_cpu", "kv_read")}
@@ -372,9 +389,14 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             out["staged"][option] = min(streamed, EXPERT_SLOTS) * unit.expert_slot_bytes
         both = cpu_count > 0 and gpu_count > 0
         cpu_side, unit_seconds = cpu, None
+        chain = beside_cpu > 0 and cpu_count > 0  # Eq. 21d: the layer's host chain beside the CPU part
+        own_ops = EXPERT_SPLIT_OPS if both else 1
+        if chain:
+            cpu_side = cpu + (gpu_count * routed + own_ops + other_ops) * beside_cpu
         if both:
             # Eq. 21b: the host dispatches the GPU's routed experts before it computes the CPU's, an op each (Eq. 24)
-            cpu_side = cpu + gpu_count * routed * costs.runtime_op_seconds
+            if not chain:
+                cpu_side = cpu + gpu_count * routed * costs.runtime_op_seconds
             if streamed and tier == "ddr":  # Eq. 6 over the unit: its copies and the CPU's reads share DDR
                 unit_seconds = (cpu_count + streamed) * one_expert / (costs.ddr_shared_gb_per_s * GB)
                 cpu_side = cpu_side + expert_reads_beside_copies(cpu_count * one_expert, unit.expert_slot_bytes,
@@ -382,8 +404,12 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
         slower = np.maximum(cpu_side, gpu_side)
         if unit_seconds is not None:
             slower = np.maximum(slower, unit_seconds)
-        out["compute"][option] = (slower + (costs.split_sync_seconds if both else 0.0)
-                                  + (EXPERT_SPLIT_OPS if both else 1) * costs.runtime_op_seconds)  # Eq. 24
+        if chain:  # Eq. 21d: every host op of the layer is in the CPU side; the others' Eq. 24 ops taken back
+            out["compute"][option] = np.maximum(slower + (costs.split_sync_seconds if both else 0.0)
+                                                - other_ops * costs.runtime_op_seconds, 0.0)
+        else:
+            out["compute"][option] = (slower + (costs.split_sync_seconds if both else 0.0)
+                                      + own_ops * costs.runtime_op_seconds)  # Eq. 24
         out["cpu"][option] = cpu
         if cpu_count:
             out["beside"][option] = unit.expert_cpu_beside_bytes[cpu_count][tier_index]
@@ -567,7 +593,7 @@ class LayerPricer:
         key = (index, tier, hbm_experts if unit.experts else 0)
         if key not in self._options:
             options = _unit_options(self.costs, unit, tier, self.values[index], self.steps if self.pc.steps else 0,
-                                    hbm_experts)
+                                    hbm_experts, chain_ops(self.pc, self.phase))
             if self.pc.steps:
                 options = {name: (_table(v) if name != "ok" else v) for name, v in options.items()}
             self._options[key] = options
@@ -891,7 +917,8 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
         if pc.steps == 0:
             out.append(UnitTime(unit.name, device, 0.0, 0.0, 0.0))
             continue
-        options = _unit_options(costs, unit, tiers[index], np.array([int(priced[index])]), pc.steps, hbm_experts)
+        options = _unit_options(costs, unit, tiers[index], np.array([int(priced[index])]), pc.steps, hbm_experts,
+                                chain_ops(pc, phase))
         transfer = np.zeros((1, pc.steps))
         stored = np.zeros((1, pc.steps))
         if kv_tier is not None:
@@ -1020,7 +1047,7 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
                 on_cpu[index] = 1000
                 on_cpu = int(_with_apart(pc, on_cpu[None, :])[0, index])  # the partner as planned (Eq. 25)
                 whole = _unit_options(costs, unit, tier, np.array([on_cpu, 0]), pc.steps,  # wholly on the CPU, GPU
-                                      priced.hbm_experts)
+                                      priced.hbm_experts, chain_ops(pc, phase))
                 transfer = {}
                 for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
                     moved = planned.copy()

@@ -15,7 +15,7 @@ from liac.api import compile_plans
 from liac.calibrate import Row, Run, predict_rows
 from liac.models import ZOO
 from liac.passes.costs import TierBudgets, Workload, annotate_costs
-from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, LayerPricer, _unit_options, dma_beside_cpu_seconds,
+from liac.passes.price import (EXPERT_SPLIT_OPS, SPLIT_OPS, LayerPricer, _unit_options, chain_ops, dma_beside_cpu_seconds,
                                layer_time, plan_profile, price_plan, shared_ddr_seconds, unit_prices, unit_times)
 from liac.passes.trace import trace_model
 from liac.plan import PHASES, TIERS, load_plan
@@ -625,3 +625,56 @@ def test_split_experts_cpu_reads_beside_the_copies_by_hand(batch, beside):
     # 0 is "not measured": the profile hashes as before the field existed (plans compiled for it stay valid)
     assert dataclasses.replace(base, cpu_expert_beside_copy_gb_per_s=0.0).sha256() == base.sha256()
     assert hw.sha256() != base.sha256() or beside == 0.0
+
+
+@pytest.mark.parametrize("batch, beside_cpu", [(1, 3e-4), (8, 3e-4), (1, 0.0)])
+def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
+    """Eq. 21d on Mixtral-8x7B's experts unit at decode (4 experts on the CPU from DDR, 4 streamed when routed):
+    with o_c (`runtime_op_seconds_beside_cpu`) the CPU side carries the layer's host ops at o_c each, i.e. the
+    GPU's routed experts dispatched (4 · E_hit/E), the unit's own EXPERT_SPLIT_OPS and one op per other unit of the
+    layer (`chain_ops`), in the max against the GPU side; the other units' Eq. 24 ops are taken back from the unit
+    (they are inside that CPU side), so the layer's chain is the other units' kernels plus this max. An all-CPU
+    unit carries its one op instead of EXPERT_SPLIT_OPS. o_c = 0 prices Eq. 21b exactly and hashes as before."""
+    cfg = ZOO["mixtral-8x7b"].with_layers(2)
+    base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=1.2e-4, ddr_shared_gb_per_s=500.0)
+    hw = dataclasses.replace(base, runtime_op_seconds_beside_cpu=beside_cpu)
+    costs = annotate_costs(trace_model(cfg), hw, Workload(batch, 128, 4), BUDGETS)
+    dec = costs.layer_class("decoder")
+    names = [u.name for u in dec.decode.units]
+    unit = dec.decode.units[names.index("experts")]
+    others = len(names) - 1
+    assert chain_ops(dec.decode, "decode") == others and chain_ops(dec.prefill, "prefill") is None
+    tiers = tuple("ddr" for _ in names)
+    ddr = TIERS.index("ddr")
+    o, oc = hw.runtime_op_seconds, beside_cpu
+    for cpu_experts, permille in ((4, 500), (8, 1000)):
+        per_step = []
+        for step in range(dec.decode.steps):
+            one = unit.expert_bytes[step]
+            routed = one / unit.expert_slot_bytes
+            streamed = 8 - cpu_experts
+            cpu = unit.expert_cpu_seconds[cpu_experts][ddr][step]
+            if streamed:
+                gpu = max(streamed * one / (hw.pcie_h2d_gb_per_s * GB) + hw.pcie_latency_seconds,
+                          unit.expert_gpu_seconds[streamed][step]) + unit.expert_gpu_seconds[1][step]
+                both = 8 * one / (hw.ddr_shared_gb_per_s * GB)
+                sync, own = hw.split_sync_seconds, EXPERT_SPLIT_OPS
+            else:
+                gpu, both, sync, own = 0.0, 0.0, 0.0, 1
+            if oc:
+                side = cpu + (streamed * routed + own + others) * oc
+                per_step.append(max(max(side, gpu, both) + sync - others * o, 0.0))
+            else:
+                side = cpu + streamed * routed * o
+                per_step.append(max(side, gpu, both) + sync + own * o)
+        permilles = tuple(permille if n == "experts" else 0 for n in names)
+        (priced,) = [u for u in unit_times(costs, dec, "decode", tiers, permilles) if u.name == "experts"]
+        assert priced.compute_seconds == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
+    # the prefill keeps Eq. 21b (its chain is priced per micro-batch; the tally measured decode only)
+    plain = annotate_costs(trace_model(cfg), base, Workload(batch, 128, 4), BUDGETS)
+    prefill = [u.compute_seconds for u in unit_times(plain, plain.layer_class("decoder"), "prefill", tiers,
+                                                     tuple(500 if n == "experts" else 0 for n in names))]
+    assert prefill == [u.compute_seconds for u in unit_times(costs, dec, "prefill", tiers,
+                                                             tuple(500 if n == "experts" else 0 for n in names))]
+    assert dataclasses.replace(base, runtime_op_seconds_beside_cpu=0.0).sha256() == base.sha256()
+    assert (hw.sha256() == base.sha256()) == (beside_cpu == 0.0)
