@@ -17,6 +17,12 @@ the host time a unit costs beyond its kernels when it synchronises with the othe
 offloading plan do (each such op also pays the profiling pass's two synchronisations: a slight overestimate). The
 footprint stage measures the same on small runs that cross PCIe (liac.host.runtime_op_seconds).
 
+--chain-from-runs sets the profile's `runtime_op_seconds_beside_cpu` (docs/cost-model.md Eq. 21d) from the runs'
+timed decode steps (bench/moe_h200.py: runs.json `experts.decode.host_ms_per_cpu_part`, runtime/moe.py ExpertTally):
+the host's seconds per CPU part (route + dispatch + merge + between) over the layer's host ops per CPU part (the
+GPU's routed experts dispatched, streamed_experts / cpu_parts; the experts op's own, EXPERT_SPLIT_OPS with a GPU
+part, else 1; the layer's other units, `price.chain_ops`), summed over the runs with CPU parts and no cut expert.
+
 --cpu-rates-from-runs sets the profile's `cpu_ddr_read_gb_per_s` and `cpu_kv_read_gb_per_s` to the rates the
 runtime's own CPU kernels reached in the call's profiled decode steps (each op timed alone): the median over the
 whole-CPU weight GEMV units (qkv, out_proj, fc1, fc2 at batch ≤ 8, where a unit is its weights' read) of their
@@ -64,7 +70,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "kv_shared_from_rates", "op_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
+__all__ = ["load_call_plans", "kv_shared_from_rates", "op_seconds_from_runs", "chain_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
            "attribute_decode", "split_parts", "error_summary", "main"]
 
 GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
@@ -137,6 +143,33 @@ def op_seconds_from_runs(runs: list[dict]) -> tuple[float, int]:
     if not excess:
         raise SystemExit("reprice: the runs hold no profiled decode step (run lia-run with --profile-steps 1)")
     return max(0.0, statistics.median(excess)), len(excess)
+
+
+def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[float, int]:
+    """(seconds, runs): Eq. 21d's o_c, the host's seconds per op of a decode MoE layer beside a CPU part, from the
+    runs' timed steps (`experts.decode.host_ms_per_cpu_part`): Σ host seconds / Σ host ops over their CPU parts."""
+    from liac.passes.price import EXPERT_SPLIT_OPS, chain_ops, plan_costs
+
+    seconds = ops = 0.0
+    used = 0
+    for run in runs:
+        decode = (((run.get("metrics") or {}).get("experts") or {}).get("decode") or {})
+        host, parts = decode.get("host_ms_per_cpu_part"), decode.get("cpu_parts") or 0
+        if not host or not parts or run.get("expert_split") or run.get("plan") not in plans:
+            continue
+        costs = plan_costs(plans[run["plan"]], profile)
+        others = next((chain_ops(cls.phase("decode"), "decode") for cls in costs.classes
+                       if chain_ops(cls.phase("decode"), "decode") is not None), None)
+        if others is None:
+            continue
+        dispatched = decode.get("streamed_experts", 0) / parts
+        own = EXPERT_SPLIT_OPS if dispatched else 1
+        seconds += parts * sum(host.get(k, 0.0) for k in ("route", "dispatch", "merge", "between")) / 1e3
+        ops += parts * (dispatched + own + others)
+        used += 1
+    if not ops:
+        raise SystemExit("reprice: no run measured the host's time per CPU part (experts.decode.host_ms_per_cpu_part)")
+    return seconds / ops, used
 
 
 def cpu_rates_from_runs(folder: Path, profile, plans: dict) -> dict[str, tuple[float, int]]:
@@ -404,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a numeric profile field (repeatable)")
     parser.add_argument("--op-seconds-from-runs", action="store_true",
                         help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
+    parser.add_argument("--chain-from-runs", action="store_true",
+                        help="set runtime_op_seconds_beside_cpu from the runs' host time per CPU part (Eq. 21d)")
     parser.add_argument("--cpu-rates-from-runs", action="store_true",
                         help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
     parser.add_argument("--rates-after", action="store_true",
@@ -435,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
             seconds, samples = op_seconds_from_runs(runs)
             overrides.setdefault("runtime_op_seconds", seconds)
             notes.append(f"runtime_op_seconds = {seconds * 1e3:.3f} ms (median of {samples} profiled GPU units)")
+        if args.chain_from_runs:
+            seconds, used = chain_seconds_from_runs(runs, load_call_plans(args.call), profile)
+            overrides.setdefault("runtime_op_seconds_beside_cpu", seconds)
+            notes.append(f"runtime_op_seconds_beside_cpu = {seconds * 1e3:.3f} ms (the host per op beside a CPU "
+                         f"part, {used} runs' timed steps)")
         if args.cpu_rates_from_runs:
             for field, (rate, samples) in cpu_rates_from_runs(args.call, profile, load_call_plans(args.call)).items():
                 overrides.setdefault(field, rate)

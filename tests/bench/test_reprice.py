@@ -297,3 +297,49 @@ def test_a_measured_attention_shared_rate_wins(tmp_path):
 
     with pytest.raises(LiacError, match="--kv-shared-from-rates"):
         reprice.kv_shared_from_rates(tmp_path)
+
+
+CUT_CALL = CALL.parent / "moe-cut"
+
+
+def test_the_host_chain_from_the_runs_reprices_the_moe_cut_call():
+    """Eq. 21d on the committed call moe-cut (2026-12-02 f): o_c from its runs' timed steps (host seconds per CPU
+    part over the layer's host ops: 0.342 ms over 5 runs) moves every run with a CPU part toward what it measured
+    but the batch-1 optimum (priced 111.2 → 136.6 ms against 118.9: the batch-8 runs' longer chain per op sets
+    o_c), leaves the streamed runs (no CPU part) as they were, and brings the median decode error from 14.2 % to
+    9.7 %; each run but the first (the call's cold start) within 27 % of what it measured."""
+    import dataclasses
+    import json
+
+    from liac.profile import resolve_profile
+
+    profile = resolve_profile(str(CUT_CALL / "run-profile.yaml"))
+    assert profile.runtime_op_seconds_beside_cpu == 0.0  # the call's profile predates the field
+    plans = reprice.load_call_plans(CUT_CALL)
+    runs = json.loads((CUT_CALL / "runs.json").read_text())["runs"]
+    seconds, used = reprice.chain_seconds_from_runs(runs, plans, profile)
+    assert used == 5 and seconds == pytest.approx(3.42e-4, rel=0.01)
+    before = reprice.reprice(CUT_CALL, profile, plans)
+    after = reprice.reprice(CUT_CALL, dataclasses.replace(profile, runtime_op_seconds_beside_cpu=seconds), plans)
+    assert len(before) == len(after) == len(runs) == 9
+    for run, old, new in zip(runs, before, after):
+        parts = ((run["metrics"].get("experts") or {}).get("decode") or {}).get("cpu_parts", 0)
+        measured = new["measured_decode_ms"]
+        if not parts:  # the streamed placement: no CPU part, no chain beside it
+            assert new["repriced_decode_ms"] == old["repriced_decode_ms"]
+            continue
+        assert new["repriced_decode_ms"] > old["repriced_decode_ms"]
+        if old["repriced_decode_ms"] < measured and new["repriced_decode_ms"] <= measured:
+            assert abs(new["repriced_decode_ms"] / measured - 1) < abs(old["repriced_decode_ms"] / measured - 1)
+    errors = [abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in after]
+    assert max(errors[1:]) < 0.27
+    median = sorted(errors)[len(errors) // 2]
+    assert median < 0.10 < sorted(abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in before)[4]
+
+
+def test_the_host_chain_leaves_dense_plans_unpriced(capsys):
+    """A dense plan has no experts unit: o_c changes none of call 4's prices (OPT-30B)."""
+    assert reprice.main([str(CALL)]) == 0
+    plain = capsys.readouterr().out
+    assert reprice.main([str(CALL), "--set", "runtime_op_seconds_beside_cpu=0.001"]) == 0
+    assert capsys.readouterr().out == plain
