@@ -157,7 +157,11 @@ def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[flo
         host, parts = decode.get("host_ms_per_cpu_part"), decode.get("cpu_parts") or 0
         if not host or not parts or run.get("expert_split") or run.get("plan") not in plans:
             continue
-        costs = plan_costs(plans[run["plan"]], profile)
+        plan = plans[run["plan"]]
+        if any(s.decode != "gpu" for g in plan.spec.layer_groups for s in g.sublayers if s.name != "experts"
+               and any(e.name == "experts" and e.decode != "gpu" for e in g.sublayers)):
+            continue  # another unit's CPU work is in `between` (the chain prices it as that unit's compute)
+        costs = plan_costs(plan, profile)
         others = next((chain_ops(cls.phase("decode"), "decode") for cls in costs.classes
                        if chain_ops(cls.phase("decode"), "decode") is not None), None)
         if others is None:

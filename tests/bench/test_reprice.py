@@ -304,10 +304,11 @@ CUT_CALL = CALL.parent / "moe-cut"
 
 def test_the_host_chain_from_the_runs_reprices_the_moe_cut_call():
     """Eq. 21d on the committed call moe-cut (2026-12-02 f): o_c from its runs' timed steps (host seconds per CPU
-    part over the layer's host ops: 0.342 ms over 5 runs) moves every run with a CPU part toward what it measured
-    but the batch-1 optimum (priced 111.2 → 136.6 ms against 118.9: the batch-8 runs' longer chain per op sets
-    o_c), leaves the streamed runs (no CPU part) as they were, and brings the median decode error from 14.2 % to
-    9.7 %; each run but the first (the call's cold start) within 27 % of what it measured."""
+    part over the layer's host ops: 0.307 ms over the 4 runs without a cut expert whose CPU-part layers run their
+    other units on the GPU; the batch-8 optimum's CPU attention is left out) raises every run with a CPU part (the
+    batch-1 optimum past what it measured: 111.2 → 132.0 ms against 118.9, the all-CPU placement's longer chain per
+    op weighs in), leaves the streamed runs (no CPU part) as they were, and brings the median decode error from
+    14.2 % to 11.0 %; each run but the first (the call's cold start) within 28 % of what it measured."""
     import dataclasses
     import json
 
@@ -318,7 +319,7 @@ def test_the_host_chain_from_the_runs_reprices_the_moe_cut_call():
     plans = reprice.load_call_plans(CUT_CALL)
     runs = json.loads((CUT_CALL / "runs.json").read_text())["runs"]
     seconds, used = reprice.chain_seconds_from_runs(runs, plans, profile)
-    assert used == 5 and seconds == pytest.approx(3.42e-4, rel=0.01)
+    assert used == 4 and seconds == pytest.approx(3.07e-4, rel=0.01)
     before = reprice.reprice(CUT_CALL, profile, plans)
     after = reprice.reprice(CUT_CALL, dataclasses.replace(profile, runtime_op_seconds_beside_cpu=seconds), plans)
     assert len(before) == len(after) == len(runs) == 9
@@ -332,9 +333,9 @@ def test_the_host_chain_from_the_runs_reprices_the_moe_cut_call():
         if old["repriced_decode_ms"] < measured and new["repriced_decode_ms"] <= measured:
             assert abs(new["repriced_decode_ms"] / measured - 1) < abs(old["repriced_decode_ms"] / measured - 1)
     errors = [abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in after]
-    assert max(errors[1:]) < 0.27
+    assert max(errors[1:]) < 0.28
     median = sorted(errors)[len(errors) // 2]
-    assert median < 0.10 < sorted(abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in before)[4]
+    assert median < 0.12 < sorted(abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in before)[4]
 
 
 def test_the_host_chain_leaves_dense_plans_unpriced(capsys):
