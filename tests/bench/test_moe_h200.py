@@ -186,32 +186,19 @@ def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatc
     assert "cpu_expert_beside_copy_gb_per_s" not in profile.estimates
 
 
-def test_wake_ab_runs_each_optimum_again_waking_the_cpu_team(tmp_path, monkeypatch):
-    """`--wake-ab`: right after each optimum the same plan runs with Engine cpu_wake=True, 'optimal@wake:bN'."""
+@pytest.mark.parametrize("flag, tag, option", [("wake_ab", "wake", "cpu_wake"), ("split_ab", "cut", "expert_split")])
+def test_an_ab_flag_runs_each_optimum_again_with_its_engine_option(tmp_path, monkeypatch, flag, tag, option):
+    """`--wake-ab` / `--split-ab`: right after each optimum the same plan runs with Engine cpu_wake=True /
+    expert_split=True, 'optimal@wake:bN' / 'optimal@cut:bN'; a run's record carries the option to the table's row."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
-    bench = _bench(tmp_path, share_ab=False, wake_ab=True, threads_ab=[], measure_gen_len=4, profile_steps=0,
-                   max_run_seconds=60.0, reserve_s=0.0)
+    flags = {"wake_ab": False, "split_ab": False, flag: True}
+    bench = _bench(tmp_path, share_ab=False, threads_ab=[], measure_gen_len=4, profile_steps=0,
+                   max_run_seconds=60.0, reserve_s=0.0, **flags)
     bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}
                               for b in (1, 8) for c in ("optimal", "experts-cpu")]
     bench.runs()
     (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@wake:b1", "experts-cpu:b1", "optimal:b8",
-                                           "optimal@wake:b8", "experts-cpu:b8"]
-    assert [s.cpu_wake for s in specs] == [None, True, None, None, True, None]
-
-
-def test_split_ab_runs_each_optimum_again_cutting_an_expert_by_features(tmp_path, monkeypatch):
-    """`--split-ab`: right after each optimum the same plan runs with Engine expert_split=True, 'optimal@cut:bN'; a
-    run's record carries the option to the table's row."""
-    calls = []
-    monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
-    bench = _bench(tmp_path, share_ab=False, wake_ab=False, split_ab=True, threads_ab=[], measure_gen_len=4,
-                   profile_steps=0, max_run_seconds=60.0, reserve_s=0.0)
-    bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}
-                              for b in (1, 8) for c in ("optimal", "experts-cpu")]
-    bench.runs()
-    (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@cut:b1", "experts-cpu:b1", "optimal:b8",
-                                           "optimal@cut:b8", "experts-cpu:b8"]
-    assert [s.expert_split for s in specs] == [None, True, None, None, True, None]
+    assert bench.summary["runs_index"] == ["optimal:b1", f"optimal@{tag}:b1", "experts-cpu:b1", "optimal:b8",
+                                           f"optimal@{tag}:b8", "experts-cpu:b8"]
+    assert [getattr(s, option) for s in specs] == [None, True, None, None, True, None]
