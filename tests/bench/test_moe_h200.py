@@ -202,3 +202,17 @@ def test_an_ab_flag_runs_each_optimum_again_with_its_engine_option(tmp_path, mon
     assert bench.summary["runs_index"] == ["optimal:b1", f"optimal@{tag}:b1", "experts-cpu:b1", "optimal:b8",
                                            f"optimal@{tag}:b8", "experts-cpu:b8"]
     assert [getattr(s, option) for s in specs] == [None, True, None, None, True, None]
+
+
+def test_profile_set_reaches_the_compiled_plans_profile(tmp_path, monkeypatch):
+    """--profile-set FIELD=VALUE is written into run-profile.yaml before the compile stage, so the plans are priced
+    with it; a malformed one is refused by the parser."""
+    (field, value), = [moe_h200._profile_field("runtime_op_seconds_beside_cpu=0.000307")]
+    bench = _bench(tmp_path, profile_set=[(field, value)])
+    monkeypatch.setattr(moe_h200, "CONTENDERS", {"optimal": None})
+    bench.compile()
+    assert load_profile(bench.profile).runtime_op_seconds_beside_cpu == pytest.approx(0.000307)
+    (entry,) = bench.summary["plans"]
+    assert yaml.safe_load(open(entry["plan"]))["spec"]["hardware"]["profile"] == "h200-moe-run"
+    with pytest.raises(argparse.ArgumentTypeError, match="FIELD=NUMBER"):
+        moe_h200._profile_field("runtime_op_seconds_beside_cpu")
