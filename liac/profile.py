@@ -120,6 +120,12 @@ class HardwareProfile:
         "launches) beside that CPU part, not under the copies (docs/cost-model.md Eq. 21d; measured as the runs' "
         "host seconds per CPU part over the layer's ops, bench/reprice.py --chain-from-runs); 0: not measured, "
         "Eq. 24's runtime_op_seconds on the chain", minimum=0, default=0.0)
+    ddr_shared_experts_gb_per_s: float = spec_field(
+        "DDR bytes/s served in total while a split MoE experts unit runs: the CPU's expert reads (its SwiGLU at "
+        "one row, several experts back to back) beside several routed experts' pinned copies to the GPU (the "
+        "expert probe: both sides' bytes over the span; or the runs' timed CPU parts, bench/reprice.py "
+        "--ddr-experts-from-runs), GB/s: Eq. 21b's DDR term (docs/cost-model.md); 0: not measured, "
+        "`ddr_shared_gb_per_s` (the GEMV's beside one copy) stands for it", minimum=0, default=0.0)
     ddr_shared_kv_gb_per_s: float = spec_field(
         "DDR bytes/s served in total when the CPU's fused decode attention reads a KV cache in DDR while pinned "
         "host-to-device copies read DDR too (the rates probe: the attention's KV read beside the copies plus "
@@ -215,17 +221,18 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "pcie_bidir_gb_per_s": _RATE, "pcie_latency_seconds": _SECONDS, "split_sync_seconds": _SECONDS,
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
            "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS, "runtime_op_seconds_beside_cpu": _SECONDS,
-           "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1]), "ddr_shared_kv_gb_per_s": (0.0, _RATE[1])}
+           "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1]), "ddr_shared_kv_gb_per_s": (0.0, _RATE[1]),
+           "ddr_shared_experts_gb_per_s": (0.0, _RATE[1])}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
                     "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s",
-                    "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu")
+                    "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s")
 # Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
 UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s",
-                      "runtime_op_seconds_beside_cpu")
+                      "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:

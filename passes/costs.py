@@ -244,6 +244,7 @@ class CostGraph:
     cpu_ddr_read_gb_per_s: float = 0.0  # Eq. 21c: the CPU's weight read alone (the profile's GEMV rate)
     cpu_expert_beside_copy_gb_per_s: float = 0.0  # Eq. 21c: the CPU's expert read beside an expert's copy; 0: unpriced
     ddr_shared_kv_gb_per_s: float = 0.0  # Eqs. 6, 18: DDR's total beside the fused decode attention; 0: as the GEMV's
+    ddr_shared_experts_gb_per_s: float = 0.0  # Eq. 21b: DDR's total in a split experts unit; 0: ddr_shared_gb_per_s
     gpu_context_bytes: int = 0  # Eq. 14: the part of every class's GPU workspace outside the runtime's allocator
     prefill_microbatch: Microbatch = Microbatch(0, 0)  # the decoder's prefill micro-batch priced (0, 0: whole batch)
     prefill_options: tuple[PrefillOption, ...] = ()  # other micro-batches the solver may choose (Eq. 20)
@@ -777,6 +778,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      cpu_ddr_read_gb_per_s=hw.cpu_ddr_read_gb_per_s,
                      cpu_expert_beside_copy_gb_per_s=hw.cpu_expert_beside_copy_gb_per_s,
                      ddr_shared_kv_gb_per_s=hw.ddr_shared_kv_gb_per_s,
+                     ddr_shared_experts_gb_per_s=hw.ddr_shared_experts_gb_per_s,
                      gpu_context_bytes=hw.gpu_context_bytes, prefill_microbatch=microbatches[0],
                      prefill_options=options)
 

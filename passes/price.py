@@ -44,7 +44,7 @@ from liac.sizes import GB
 __all__ = ["SPLIT_OPS", "EXPERT_SPLIT_OPS", "LayerTime", "UnitTime", "UnitPrice", "GroupPrice", "PlanPrice",
            "DdrSharing", "operand_tiers", "gpu_shares", "share_transfer_seconds", "dma_beside_cpu_seconds",
            "shared_ddr_seconds",
-           "expert_reads_beside_copies", "LayerPricer", "layer_time", "unit_times",
+           "expert_reads_beside_copies", "expert_ddr_shared_gb_per_s", "LayerPricer", "layer_time", "unit_times",
            "price_groups", "price_plan", "plan_profile", "plan_costs", "split_grid", "unit_prices", "ddr_sharing",
            "group_hbm_experts", "chain_ops"]
 
@@ -398,7 +398,7 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             if not chain:
                 cpu_side = cpu + gpu_count * routed * costs.runtime_op_seconds
             if streamed and tier == "ddr":  # Eq. 6 over the unit: its copies and the CPU's reads share DDR
-                unit_seconds = (cpu_count + streamed) * one_expert / (costs.ddr_shared_gb_per_s * GB)
+                unit_seconds = (cpu_count + streamed) * one_expert / (expert_ddr_shared_gb_per_s(costs) * GB)
                 cpu_side = cpu_side + expert_reads_beside_copies(cpu_count * one_expert, unit.expert_slot_bytes,
                                                                  costs)  # Eq. 21c
         slower = np.maximum(cpu_side, gpu_side)
@@ -418,6 +418,13 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
             out["yield_read"][option], out["yield_cpu"][option] = out["read"][option], cpu
     out["ok"] = ok
     return out
+
+
+def expert_ddr_shared_gb_per_s(costs: CostGraph) -> float:
+    """Eq. 21b's DDR rate for a split experts unit: DDR's total measured in that unit's own pattern (the CPU's
+    expert GEMVs beside several routed experts' copies, `ddr_shared_experts_gb_per_s`) where the profile has it,
+    else the GEMV's beside one copy (`ddr_shared_gb_per_s`, Eq. 6)."""
+    return costs.ddr_shared_experts_gb_per_s or costs.ddr_shared_gb_per_s
 
 
 def expert_reads_beside_copies(read_bytes, expert_bytes: float, costs: CostGraph):

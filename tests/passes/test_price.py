@@ -627,6 +627,48 @@ def test_split_experts_cpu_reads_beside_the_copies_by_hand(batch, beside):
     assert hw.sha256() != base.sha256() or beside == 0.0
 
 
+@pytest.mark.parametrize("batch, experts_rate", [(8, 70.0), (1, 40.0), (8, 0.0), (8, 500.0)])
+def test_split_experts_ddr_term_at_the_experts_shared_rate(batch, experts_rate):
+    """Eq. 21b's DDR term at `ddr_shared_experts_gb_per_s` (DDR's total measured in a split experts unit's own
+    pattern) where the profile has it: the unit is the slowest of its CPU side, its GPU side and (c + s) routed
+    experts' bytes over that rate; 0 ("not measured") prices at `ddr_shared_gb_per_s` as before and hashes as
+    before. The shared rate (95 GB/s, the H200's) is above 70: the field, not the old rate, makes the term bind."""
+    cfg = ZOO["mixtral-8x7b"].with_layers(2)
+    base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=2e-4, ddr_shared_gb_per_s=95.0)
+    hw = dataclasses.replace(base, ddr_shared_experts_gb_per_s=experts_rate)
+
+    def experts(profile):
+        costs = annotate_costs(trace_model(cfg), profile, Workload(batch, 128, 4), BUDGETS)
+        dec = costs.layer_class("decoder")
+        names = [u.name for u in dec.decode.units]
+        permille = tuple(500 if n == "experts" else 0 for n in names)
+        (priced,) = [u for u in unit_times(costs, dec, "decode", tuple("ddr" for _ in names), permille)
+                     if u.name == "experts"]
+        return priced, dec.decode.units[names.index("experts")], dec.decode.steps
+
+    priced, unit, steps = experts(hw)
+    plain, _, _ = experts(base)
+    ddr, op = TIERS.index("ddr"), hw.runtime_op_seconds
+    rate = experts_rate or base.ddr_shared_gb_per_s
+    per_step = []
+    for step in range(steps):
+        one = unit.expert_bytes[step]
+        cpu = unit.expert_cpu_seconds[4][ddr][step] + 4 * one / unit.expert_slot_bytes * op
+        gpu = max(4 * one / (hw.pcie_h2d_gb_per_s * GB) + hw.pcie_latency_seconds,
+                  unit.expert_gpu_seconds[4][step]) + unit.expert_gpu_seconds[1][step]
+        both = 8 * one / (rate * GB)
+        per_step.append(max(cpu, gpu, both) + hw.split_sync_seconds + EXPERT_SPLIT_OPS * op)
+        if experts_rate == 70.0:
+            assert both > max(cpu, gpu)  # the case is about the DDR term: it binds at 70 GB/s, batch 8
+    assert priced.compute_seconds == pytest.approx(sum(per_step) / steps, rel=1e-12)
+    if experts_rate == 70.0:
+        assert priced.compute_seconds > plain.compute_seconds
+    elif experts_rate == 0.0:
+        assert priced.compute_seconds == plain.compute_seconds
+    assert dataclasses.replace(base, ddr_shared_experts_gb_per_s=0.0).sha256() == base.sha256()
+    assert hw.sha256() != base.sha256() or experts_rate == 0.0
+
+
 @pytest.mark.parametrize("batch, beside_cpu", [(1, 3e-4), (8, 3e-4), (1, 0.0)])
 def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
     """Eq. 21d on Mixtral-8x7B's experts unit at decode (4 experts on the CPU from DDR, 4 streamed when routed):
