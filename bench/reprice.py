@@ -23,6 +23,10 @@ the host's seconds per CPU part (route + dispatch + merge + between) over the la
 GPU's routed experts dispatched, streamed_experts / cpu_parts; the experts op's own, EXPERT_SPLIT_OPS with a GPU
 part, else 1; the layer's other units, `price.chain_ops`), summed over the runs with CPU parts and no cut expert.
 
+--ddr-experts-from-runs sets the profile's `ddr_shared_experts_gb_per_s` (docs/cost-model.md Eq. 21b's DDR term) from
+the runs' timed decode steps: over the runs with CPU parts, routed experts streamed beside them and no cut expert,
+(the CPU parts' expert bytes + the streamed experts' bytes) / the CPU parts' seconds (`ddr_experts_from_runs`).
+
 --cpu-rates-from-runs sets the profile's `cpu_ddr_read_gb_per_s` and `cpu_kv_read_gb_per_s` to the rates the
 runtime's own CPU kernels reached in the call's profiled decode steps (each op timed alone): the median over the
 whole-CPU weight GEMV units (qkv, out_proj, fc1, fc2 at batch ≤ 8, where a unit is its weights' read) of their
@@ -174,6 +178,30 @@ def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[flo
     if not ops:
         raise SystemExit("reprice: no run measured the host's time per CPU part (experts.decode.host_ms_per_cpu_part)")
     return seconds / ops, used
+
+
+def ddr_experts_from_runs(runs: list[dict]) -> tuple[float, int]:
+    """(GB/s, runs): `ddr_shared_experts_gb_per_s` (Eq. 21b's DDR term) from the runs' timed decode steps
+    (`experts.decode`, runtime/moe.py ExpertTally): over the runs whose CPU parts had routed experts copied beside
+    them and no cut expert, Σ (the CPU parts' expert bytes + the streamed experts' bytes) / Σ the CPU parts' host
+    seconds: DDR's total while a split experts unit's CPU part runs, as the runtime reached it. An expert's bytes
+    are the CPU's bytes per CPU expert (every expert of a layer weighs the same). A lower bound where a copy
+    outlasts its CPU part (at batch 1 the copy, ~7 ms on the H200, is about as long as the part)."""
+    nbytes = seconds = 0.0
+    used = 0
+    for run in runs:
+        decode = (((run.get("metrics") or {}).get("experts") or {}).get("decode") or {})
+        cpu, streamed = decode.get("cpu_experts") or 0, decode.get("streamed_experts") or 0
+        if not cpu or not streamed or decode.get("cut_experts") or run.get("expert_split") or \
+                not decode.get("cpu_ms"):
+            continue
+        expert = decode["cpu_bytes"] / cpu
+        nbytes += decode["cpu_bytes"] + streamed * expert
+        seconds += decode["cpu_ms"] / 1e3
+        used += 1
+    if not seconds:
+        raise SystemExit("reprice: no run timed CPU parts with experts streamed beside them (experts.decode)")
+    return nbytes / seconds / 1e9, used
 
 
 def cpu_rates_from_runs(folder: Path, profile, plans: dict) -> dict[str, tuple[float, int]]:
@@ -443,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="set runtime_op_seconds from the runs' profiled decode steps (see the docstring)")
     parser.add_argument("--chain-from-runs", action="store_true",
                         help="set runtime_op_seconds_beside_cpu from the runs' host time per CPU part (Eq. 21d)")
+    parser.add_argument("--ddr-experts-from-runs", action="store_true",
+                        help="set ddr_shared_experts_gb_per_s from the runs' timed CPU parts and the experts "
+                             "streamed beside them (Eq. 21b's DDR term)")
     parser.add_argument("--cpu-rates-from-runs", action="store_true",
                         help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
     parser.add_argument("--rates-after", action="store_true",
@@ -479,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault("runtime_op_seconds_beside_cpu", seconds)
             notes.append(f"runtime_op_seconds_beside_cpu = {seconds * 1e3:.3f} ms (the host per op beside a CPU "
                          f"part, {used} runs' timed steps)")
+        if args.ddr_experts_from_runs:
+            rate, used = ddr_experts_from_runs(runs)
+            overrides.setdefault("ddr_shared_experts_gb_per_s", rate)
+            notes.append(f"ddr_shared_experts_gb_per_s = {rate:.1f} GB/s (DDR's total beside the CPU parts, {used} "
+                         f"runs' timed steps; ddr_shared_gb_per_s {profile.ddr_shared_gb_per_s:.1f})")
         if args.cpu_rates_from_runs:
             for field, (rate, samples) in cpu_rates_from_runs(args.call, profile, load_call_plans(args.call)).items():
                 overrides.setdefault(field, rate)

@@ -344,3 +344,50 @@ def test_the_host_chain_leaves_dense_plans_unpriced(capsys):
     plain = capsys.readouterr().out
     assert reprice.main([str(CALL), "--set", "runtime_op_seconds_beside_cpu=0.001"]) == 0
     assert capsys.readouterr().out == plain
+
+
+def test_the_experts_ddr_rate_from_the_runs_reprices_the_moe_calls():
+    """Eq. 21b's DDR term at the rate the runs' split CPU parts reached (`ddr_experts_from_runs`: the CPU parts'
+    expert bytes plus the experts streamed beside them, over the CPU parts' timed seconds): 90.9 GB/s over moe-cut's
+    3 runs without a cut expert (the probe's ddr_shared_gb_per_s 100.0). It raises the split optima (most at batch
+    8, whose 4 CPU and ~3.7 streamed experts a layer are bound by DDR), leaves the all-CPU and streamed placements
+    (no expert copied beside a CPU part) as they were, and brings moe-cut's median decode error from 14.2 % to
+    8.1 %; the same ratio to DDR's probed rate (0.909) carried to moe-wake, another machine start, 28.5 % → 24.0 %."""
+    import dataclasses
+    import json
+
+    from liac.profile import resolve_profile
+
+    wake = CUT_CALL.parent / "moe-wake"
+    fitted = {}
+    for call in (CUT_CALL, wake):
+        profile = resolve_profile(str(call / "run-profile.yaml"))
+        assert profile.ddr_shared_experts_gb_per_s == 0.0  # the calls' profiles predate the field
+        runs = json.loads((call / "runs.json").read_text())["runs"]
+        plans = reprice.load_call_plans(call)
+        if call == CUT_CALL:
+            rate, used = reprice.ddr_experts_from_runs(runs)
+            assert used == 3 and rate == pytest.approx(90.9, abs=0.1)
+            fitted["kappa"] = rate / profile.ddr_shared_gb_per_s
+        else:
+            rate = fitted["kappa"] * profile.ddr_shared_gb_per_s
+        before = reprice.reprice(call, profile, plans)
+        after = reprice.reprice(call, dataclasses.replace(profile, ddr_shared_experts_gb_per_s=rate), plans)
+        for run, old, new in zip(runs, before, after):
+            decode = (run["metrics"].get("experts") or {}).get("decode") or {}
+            if not decode.get("streamed_experts"):  # all-CPU or all-streamed: no expert copied beside a CPU part
+                assert new["repriced_decode_ms"] == old["repriced_decode_ms"]
+            else:
+                assert new["repriced_decode_ms"] > old["repriced_decode_ms"]
+        errors = {name: sorted(abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in rows)[4]
+                  for name, rows in (("before", before), ("after", after))}
+        expected = (0.142, 0.081) if call == CUT_CALL else (0.285, 0.240)
+        assert (errors["before"], errors["after"]) == pytest.approx(expected, abs=0.002)
+
+
+def test_the_experts_ddr_rate_leaves_dense_plans_unpriced(capsys):
+    """A dense plan has no experts unit: the experts' DDR rate changes none of call 4's prices (OPT-30B)."""
+    assert reprice.main([str(CALL)]) == 0
+    plain = capsys.readouterr().out
+    assert reprice.main([str(CALL), "--set", "ddr_shared_experts_gb_per_s=20"]) == 0
+    assert capsys.readouterr().out == plain
