@@ -26,7 +26,7 @@ from liac.sizes import GB, GIB, MIB
 
 __all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "expert_rates", "attention_curve",
            "split_sync_seconds", "GEMM_ROWS", "ATTENTION_QUERIES", "EXPERT_IDLE_SECONDS",
-           "EXPERT_ROUTE_SECONDS"]
+           "EXPERT_ROUTE_SECONDS", "EXPERTS_BESIDE_COPIES", "experts_beside_copies_rate"]
 
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
 ATTENTION_QUERIES = (16, 128, 512, 2048)  # the CPU attention curve's Q points (prefill: context = query)
@@ -342,6 +342,39 @@ EXPERT_IDLE_SECONDS = 0.005  # the pause before each expert in the idle cases: a
 EXPERT_ROUTE_SECONDS = 0.0003  # between the wake and the expert: the routing read on the host
 
 
+EXPERTS_BESIDE_COPIES = (3, 4)  # a batch-8 split experts layer on the H200: ~3.4 CPU experts a part, ~3.7 copied
+
+
+def experts_beside_copies_rate(compute: Callable[[int], object], copy: Callable[[int, int], object],
+                               wait: Callable[[], object], count: int, expert_bytes: int,
+                               shape: tuple[int, int] = EXPERTS_BESIDE_COPIES, repeats: int = 3,
+                               pause: Callable[[], object] | None = None) -> float:
+    """GB/s DDR serves in total while a split experts unit runs as the runtime runs it: `copies` routed experts'
+    copies launched first (`copy(slot, expert)`, two slots in turn as the layer's expert slots), then `cpu` experts
+    computed on the CPU back to back (`compute(expert)`), until both are done (`wait()`); both sides' bytes over
+    that span, per group of experts (rotated over `count`, none twice in a group when count allows), the median of
+    `repeats` rounds after a warm-up round. `pause()` before each group: the layer's GPU work and the routing read
+    (an idle CPU, its team woken). `ddr_shared_experts_gb_per_s`, Eq. 21b's DDR term (docs/cost-model.md)."""
+    cpu, copies = shape
+    means = []
+    for round_ in range(repeats + 1):
+        total, groups = 0.0, 0
+        for first in range(0, count, cpu):
+            if pause is not None:
+                pause()
+            began = time.perf_counter()
+            for j in range(copies):
+                copy(j % 2, (first + cpu + j) % count)
+            for j in range(cpu):
+                compute((first + j) % count)
+            wait()
+            total += time.perf_counter() - began
+            groups += 1
+        if round_:  # the first: kernel choice, first touch
+            means.append(total / groups)
+    return (cpu + copies) * expert_bytes / statistics.median(means) / GB
+
+
 def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use_gpu: bool | None = None,
                  idle_seconds: float = EXPERT_IDLE_SECONDS) -> dict[str, float]:
     """GB/s of expert weights the CPU reads running an MoE expert as the runtime's CPU experts do at batch 1: one
@@ -357,7 +390,9 @@ def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use
       its routing read);
     - `cpu_expert_beside_copy_gb_per_s` (CUDA only): as the previous, with another expert's weights copied to the
       GPU beside it (pinned H2D, launched just before: a batch-1 split experts unit, one routed expert on each
-      side; Eq. 21c's rate); `h2d_beside_expert_gb_per_s`, that copy's rate.
+      side; Eq. 21c's rate); `h2d_beside_expert_gb_per_s`, that copy's rate;
+    - `ddr_shared_experts_gb_per_s` (CUDA only): DDR's total while 3 experts compute on the CPU beside 4 others'
+      copies, as a batch-8 split experts unit (`experts_beside_copies_rate`; Eq. 21b's DDR term).
 
     Only the expert's own seconds count (not the pauses). Each case takes the median of `repeats` rounds over the
     rotated experts, after a warm-up round."""
@@ -426,6 +461,22 @@ def expert_rates(hidden: int, ffn: int, rotate_bytes: int, repeats: int = 3, use
             copies = events[count:]  # after the warm-up round
             out["h2d_beside_expert_gb_per_s"] = len(copies) * one / (
                 sum(a.elapsed_time(b) for a, b in copies) / 1e3) / GB
+            slots = [staged, [torch.empty_like(gate_up[0], device="cuda"), torch.empty_like(down[0], device="cuda")]]
+
+            def copy_to(slot: int, e: int) -> None:
+                with torch.cuda.stream(stream):
+                    slots[slot][0].copy_(gate_up[e], non_blocking=True)
+                    slots[slot][1].copy_(down[e], non_blocking=True)
+
+            def pause() -> None:
+                time.sleep(idle_seconds)
+                team.zero_()
+                time.sleep(EXPERT_ROUTE_SECONDS)
+
+            with torch.inference_mode():
+                out["ddr_shared_experts_gb_per_s"] = experts_beside_copies_rate(
+                    lambda e: expert_ffn(gate_up[e], down[e], x, kernels[name]), copy_to, torch.cuda.synchronize,
+                    count, one, repeats=repeats, pause=pause)
         return out
     finally:
         for t in registered:

@@ -93,6 +93,31 @@ def test_expert_rates_time_the_expert_kernel_back_to_back_and_after_idle(monkeyp
     assert pauses == [0.05] * 9 + [0.05, probe.EXPERT_ROUTE_SECONDS] * 9
 
 
+def test_experts_beside_copies_rate_is_both_sides_bytes_over_the_span(monkeypatch):
+    """`experts_beside_copies_rate` (ddr_shared_experts_gb_per_s, Eq. 21b's DDR term) runs a split experts unit as
+    the runtime does: after the pause, the 4 copies are launched (two slots in turn) before the 3 CPU experts, then
+    both are waited for; the rate is 7 experts' bytes over the mean span of a group (a fake clock: 10 s a group
+    in the warm-up round, 2 s after), the warm-up round left out, no expert twice in a group."""
+    import liac.probe as probe
+
+    clock, log = [0.0], []
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+
+    def wait():
+        log.append("wait")
+        clock[0] += 10.0 if len([e for e in log if e == "wait"]) <= 3 else 2.0  # 3 groups of 9 experts a round
+
+    rate = probe.experts_beside_copies_rate(lambda e: log.append(("cpu", e)), lambda slot, e: log.append(
+        ("copy", slot, e)), wait, count=9, expert_bytes=10**9, repeats=2, pause=lambda: log.append("pause"))
+    assert rate == pytest.approx(7 * 1.0 / 2.0)  # GB over seconds
+    assert log[:9] == ["pause", ("copy", 0, 3), ("copy", 1, 4), ("copy", 0, 5), ("copy", 1, 6), ("cpu", 0),
+                       ("cpu", 1), ("cpu", 2), "wait"]
+    assert log.count("wait") == 3 * 3  # a warm-up round and 2 timed ones, 3 groups each
+    for start in range(0, len(log), 9):
+        experts = [entry[-1] for entry in log[start:start + 9] if isinstance(entry, tuple)]
+        assert len(set(experts)) == 7  # 3 computed, 4 copied: all different
+
+
 def test_the_kv_attention_probe_reports_the_bytes_it_reads():
     """The fused decode attention the rates probe runs (alone, and beside the copies on a GPU): one call reads the
     whole batch-8, 32-head K and V it was built over."""
@@ -125,3 +150,15 @@ def test_the_rates_probe_measures_the_attention_beside_the_copies():
     assert rates["ddr_shared_kv_gb_per_s"] == pytest.approx(rates["concurrent_kv_gb_per_s"]
                                                             + rates["concurrent_h2d_beside_kv_gb_per_s"])
     assert rates["concurrent_kv_gb_per_s"] > 0 and rates["concurrent_h2d_beside_kv_gb_per_s"] > 0
+
+
+@pytest.mark.gpu
+def test_the_expert_probe_measures_ddr_beside_several_copies():
+    """On a GPU: `expert_rates` also measures DDR's total in a split experts unit's pattern (3 CPU experts beside
+    4 copies, Eq. 21b's DDR term): positive, and no more than both sides at their own rates, the CPU's expert
+    kernel back to back plus the copy beside an expert."""
+    from liac import probe
+
+    rates = probe.expert_rates(512, 2048, 64 * 2**20, repeats=2, use_gpu=True, idle_seconds=0.001)
+    assert 0 < rates["ddr_shared_experts_gb_per_s"] <= 1.5 * (rates["cpu_expert_gb_per_s"]
+                                                              + rates["h2d_beside_expert_gb_per_s"])
