@@ -42,7 +42,9 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
 ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True),
 `--split-ab` each optimum again cutting a decode step's last CPU expert by features between the CPU and PCIe
-(expert_split=True).
+(expert_split=True). Each A/B flag runs A B B A (the optimum, the variant twice, the optimum again as
+'optimal@no-TAG'), so that a plan's faster later runs do not favour the side that runs second; the table prints each
+side's two runs and means.
 Then summary.json (what ran, how long) and a table on stdout: measured vs predicted vs floor per (contender, batch),
 and liac's batch-1 decode against Accelerate's.
 
@@ -365,26 +367,20 @@ class MoeBench:
             for threads in reversed(self.args.threads_ab):
                 specs.insert(at, dataclasses.replace(specs[at - 1], threads=threads))
                 names.insert(at, f"optimal@{threads}t:b1")
-        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if self.args.share_ab else ():
-            # the optimum again with the expert share following the CPU parts (runtime/moe.py 'auto'), right after
-            # its run with the engine's default (the share measured at load and kept)
-            at = names.index(f"optimal:b{batch}") + 1
-            specs.insert(at, dataclasses.replace(specs[at - 1], expert_share="auto"))
-            names.insert(at, f"optimal@auto:b{batch}")
-        wake_ab = getattr(self.args, "wake_ab", False)
-        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if wake_ab else ():
-            # the optimum again waking the CPU's thread team before its experts ops' routing read
-            # (runtime/executor.py `_CpuTeamWake`), right after its run with the engine's default (not woken)
-            at = names.index(f"optimal:b{batch}") + 1
-            specs.insert(at, dataclasses.replace(specs[at - 1], cpu_wake=True))
-            names.insert(at, f"optimal@wake:b{batch}")
-        split_ab = getattr(self.args, "split_ab", False)
-        for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if split_ab else ():
-            # the optimum again with a decode step's last CPU expert cut by features between the CPU and PCIe
-            # (runtime/moe.py `ExpertSplit`), right after its run with the engine's default (experts whole)
-            at = names.index(f"optimal:b{batch}") + 1
-            specs.insert(at, dataclasses.replace(specs[at - 1], expert_split=True))
-            names.insert(at, f"optimal@cut:b{batch}")
+        # An A/B flag runs each optimum (A) with an engine option (B) as A B B A: a plan's later runs are faster
+        # than its first (one-off costs, the CPU's rate moving within a call), so each side's mean over its two runs
+        # has the same mean position in the call and the order cancels ('optimal@cut', 'optimal@cut#2', then the optimum
+        # again as 'optimal@no-cut'; the table's A/B lines: `ab_pairs`).
+        variants = [("auto", "share_ab", {"expert_share": "auto"}),  # the share following the CPU (runtime/moe.py)
+                    ("wake", "wake_ab", {"cpu_wake": True}),  # the CPU's team woken before the routing read
+                    ("cut", "split_ab", {"expert_split": True})]  # the last CPU expert cut by features
+        for tag, flag, option in variants:
+            for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if getattr(self.args, flag,
+                                                                                              False) else ():
+                at = names.index(f"optimal:b{batch}") + 1
+                plain = specs[at - 1]
+                specs[at:at] = [dataclasses.replace(plain, **option), dataclasses.replace(plain, **option), plain]
+                names[at:at] = [f"optimal@{tag}:b{batch}", f"optimal@{tag}#2:b{batch}", f"optimal@no-{tag}:b{batch}"]
         if specs and not self.args.emulate:  # the first run pays one-off costs (kernel choice, first touch)
             specs.insert(0, specs[0])
             names.insert(0, "warmup")
@@ -501,7 +497,7 @@ class MoeBench:
             if name == "warmup":
                 continue
             contender, batch = name.rsplit(":b", 1)
-            name = f"{contender.split('@')[0]}:b{batch}"  # a thread-count variant: its plan's name
+            name = f"{contender.split('@')[0].split('#')[0]}:b{batch}"  # a variant or a repeat: its plan's name
             got = run.get("summary")
             floor = floors.get(int(batch), {})
             row = {"contender": contender, "batch": int(batch), "predicted": run["predicted"], "measured": got,
@@ -552,6 +548,13 @@ class MoeBench:
             else:
                 print(f"{contender:>17} {batch:>5} | {row['note']}")
         self.summary["table"] = rows
+        self.summary["ab_pairs"] = ab_pairs(rows)
+        for pair in self.summary["ab_pairs"]:
+            a, b = (" ".join(f"{v:.1f}" for v in pair[side]) for side in ("a", "b"))
+            print(f"{'A B B A':>17} {pair['batch']:>5} | {pair['tag']}: decode ms/token A (optimal) {a}, "
+                  f"B (@{pair['tag']}) {b}"
+                  + (f"; means {pair['a_mean']:.1f} vs {pair['b_mean']:.1f}: B {pair['b_over_a'] - 1:+.1%}"
+                     if pair.get("b_over_a") else ""))
         peers = json.loads((self.out / "peers.json").read_text()) if (self.out / "peers.json").exists() else []
         versus = []
         for peer in peers:
@@ -574,6 +577,26 @@ class MoeBench:
                   + ("liac " + ", ".join(f"{c} {x:.1f}x" for c, x in line["liac_decode_speedup"].items())
                      + " faster" if line.get("liac_decode_speedup") else str(line["error"])))
         self.summary["peers"] = versus
+
+
+def ab_pairs(rows: list[dict]) -> list[dict]:
+    """Per A/B flag's tag and batch, the A B B A runs' decode ms/token (table rows: 'optimal', 'optimal@TAG',
+    'optimal@TAG#2', 'optimal@no-TAG'): A the optimum's two runs, B the variant's two, in run order; each side's
+    mean and B's over A's where all four ran."""
+    decode = {(r["contender"], r["batch"]): (r.get("measured") or {}).get("decode_ms_per_token") for r in rows}
+    out = []
+    for contender, batch in decode:
+        if not contender.startswith("optimal@no-"):
+            continue
+        tag = contender[len("optimal@no-"):]
+        a = [decode.get(("optimal", batch)), decode.get((contender, batch))]
+        b = [decode.get((f"optimal@{tag}", batch)), decode.get((f"optimal@{tag}#2", batch))]
+        pair = {"tag": tag, "batch": batch, "a": [v for v in a if v], "b": [v for v in b if v]}
+        if all(a) and all(b):
+            pair["a_mean"], pair["b_mean"] = sum(a) / 2, sum(b) / 2
+            pair["b_over_a"] = round(pair["b_mean"] / pair["a_mean"], 4)
+        out.append(pair)
+    return out
 
 
 def _gpu_peak_gib(run: dict) -> float | None:
@@ -621,14 +644,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch's intra-op CPU threads for the rates, kernels and runs (0: torch's default, one "
                              "per core); the peers' processes keep their default")
     parser.add_argument("--wake-ab", action="store_true",
-                        help="run each optimum again right after itself waking the CPU's thread team before its "
-                             "experts ops (Engine cpu_wake=True), beside the default (not woken)")
+                        help="run each optimum A B B A with the CPU's thread team woken before its experts ops "
+                             "(Engine cpu_wake=True) as B, beside the default (not woken)")
     parser.add_argument("--split-ab", action="store_true",
-                        help="run each optimum again right after it with a decode step's last CPU expert cut by "
-                             "features between the CPU and PCIe (Engine expert_split=True), beside experts whole")
+                        help="run each optimum A B B A with a decode step's last CPU expert cut by features between "
+                             "the CPU and PCIe (Engine expert_split=True) as B, beside experts whole")
     parser.add_argument("--share-ab", action="store_true",
-                        help="run each optimum again right after it with the expert share following the CPU parts "
-                             "(Engine expert_share='auto'), beside the default measured at load and kept ('load')")
+                        help="run each optimum A B B A with the expert share following the CPU parts (Engine "
+                             "expert_share='auto') as B, beside the default measured at load and kept ('load')")
     parser.add_argument("--threads-ab", type=lambda s: [int(t) for t in s.split(",") if t], default=[],
                         help="also run the batch-1 optimum at these CPU thread counts, right after it (e.g. 15)")
     parser.add_argument("--profile-set", type=_profile_field, action="append", default=[], metavar="FIELD=VALUE",

@@ -146,8 +146,9 @@ def test_table_reads_thread_variants_and_compares_every_run_with_accelerate(tmp_
 
 
 def test_share_ab_runs_each_optimum_again_with_the_share_following_the_cpu(tmp_path, monkeypatch):
-    """`--share-ab`: right after each optimum (before its `--threads-ab` variants) the same plan runs with
-    Engine expert_share='auto' (the ratio following the CPU parts), named 'optimal@auto:bN'; the others as before."""
+    """`--share-ab`: right after each optimum (before its `--threads-ab` variants) the same plan runs twice with
+    Engine expert_share='auto' (the ratio following the CPU parts), 'optimal@auto:bN' and 'optimal@auto#2:bN', then
+    once more as the optimum ('optimal@no-auto:bN': A B B A); the others as before."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
     bench = _bench(tmp_path, share_ab=True, threads_ab=[15], measure_gen_len=4, profile_steps=0,
@@ -156,12 +157,15 @@ def test_share_ab_runs_each_optimum_again_with_the_share_following_the_cpu(tmp_p
                               for b in (1, 8) for c in ("optimal", "experts-cpu")]
     bench.runs()
     (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", "optimal@auto:b1", "optimal@15t:b1", "experts-cpu:b1",
-                                           "optimal:b8", "optimal@auto:b8", "experts-cpu:b8"]
+    assert bench.summary["runs_index"] == [
+        "optimal:b1", "optimal@auto:b1", "optimal@auto#2:b1", "optimal@no-auto:b1", "optimal@15t:b1",
+        "experts-cpu:b1", "optimal:b8", "optimal@auto:b8", "optimal@auto#2:b8", "optimal@no-auto:b8",
+        "experts-cpu:b8"]
     assert [(s.plan, s.expert_share, s.threads) for s in specs] == [
-        ("optimal-1.yaml", None, None), ("optimal-1.yaml", "auto", None), ("optimal-1.yaml", None, 15),
-        ("experts-cpu-1.yaml", None, None), ("optimal-8.yaml", None, None), ("optimal-8.yaml", "auto", None),
-        ("experts-cpu-8.yaml", None, None)]
+        ("optimal-1.yaml", None, None), ("optimal-1.yaml", "auto", None), ("optimal-1.yaml", "auto", None),
+        ("optimal-1.yaml", None, None), ("optimal-1.yaml", None, 15), ("experts-cpu-1.yaml", None, None),
+        ("optimal-8.yaml", None, None), ("optimal-8.yaml", "auto", None), ("optimal-8.yaml", "auto", None),
+        ("optimal-8.yaml", None, None), ("experts-cpu-8.yaml", None, None)]
 
 
 def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatch):
@@ -188,8 +192,9 @@ def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("flag, tag, option", [("wake_ab", "wake", "cpu_wake"), ("split_ab", "cut", "expert_split")])
 def test_an_ab_flag_runs_each_optimum_again_with_its_engine_option(tmp_path, monkeypatch, flag, tag, option):
-    """`--wake-ab` / `--split-ab`: right after each optimum the same plan runs with Engine cpu_wake=True /
-    expert_split=True, 'optimal@wake:bN' / 'optimal@cut:bN'; a run's record carries the option to the table's row."""
+    """`--wake-ab` / `--split-ab`: after each optimum the same plan runs twice with Engine cpu_wake=True /
+    expert_split=True ('optimal@wake:bN', 'optimal@wake#2:bN' / '@cut'), then once more as the optimum
+    ('optimal@no-wake:bN' / 'optimal@no-cut:bN'): A B B A; a run's record carries the option to the table's row."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
     flags = {"wake_ab": False, "split_ab": False, flag: True}
@@ -199,9 +204,29 @@ def test_an_ab_flag_runs_each_optimum_again_with_its_engine_option(tmp_path, mon
                               for b in (1, 8) for c in ("optimal", "experts-cpu")]
     bench.runs()
     (specs,) = calls
-    assert bench.summary["runs_index"] == ["optimal:b1", f"optimal@{tag}:b1", "experts-cpu:b1", "optimal:b8",
-                                           f"optimal@{tag}:b8", "experts-cpu:b8"]
-    assert [getattr(s, option) for s in specs] == [None, True, None, None, True, None]
+    # A B B A: the optimum, the variant twice, the optimum again, so that the order cancels in each side's mean
+    assert bench.summary["runs_index"] == [
+        "optimal:b1", f"optimal@{tag}:b1", f"optimal@{tag}#2:b1", f"optimal@no-{tag}:b1", "experts-cpu:b1",
+        "optimal:b8", f"optimal@{tag}:b8", f"optimal@{tag}#2:b8", f"optimal@no-{tag}:b8", "experts-cpu:b8"]
+    assert [getattr(s, option) for s in specs] == [None, True, True, None, None, None, True, True, None, None]
+    assert [s.plan for s in specs] == ["optimal-1.yaml"] * 4 + ["experts-cpu-1.yaml"] + ["optimal-8.yaml"] * 4 + [
+        "experts-cpu-8.yaml"]
+
+
+def test_ab_pairs_set_each_sides_two_runs_beside_each_other():
+    """The table's A/B lines (`ab_pairs`): per tag and batch, A's two runs ('optimal', 'optimal@no-TAG') and B's
+    ('optimal@TAG', 'optimal@TAG#2') in run order, their means and B over A; a pair with a run missing has no
+    means (here batch 8's second B run did not run)."""
+    def row(contender, batch, ms):
+        return {"contender": contender, "batch": batch, "measured": {"decode_ms_per_token": ms} if ms else None}
+
+    rows = [row("optimal", 1, 130.0), row("optimal@cut", 1, 150.0), row("optimal@cut#2", 1, 140.0),
+            row("optimal@no-cut", 1, 120.0), row("experts-cpu", 1, 240.0), row("optimal", 8, 500.0),
+            row("optimal@cut", 8, 410.0), row("optimal@cut#2", 8, None), row("optimal@no-cut", 8, 480.0)]
+    one, eight = moe_h200.ab_pairs(rows)
+    assert one == {"tag": "cut", "batch": 1, "a": [130.0, 120.0], "b": [150.0, 140.0], "a_mean": 125.0,
+                   "b_mean": 145.0, "b_over_a": 1.16}
+    assert eight == {"tag": "cut", "batch": 8, "a": [500.0, 480.0], "b": [410.0]}
 
 
 def test_profile_set_reaches_the_compiled_plans_profile(tmp_path, monkeypatch):
