@@ -241,3 +241,23 @@ def test_profile_set_reaches_the_compiled_plans_profile(tmp_path, monkeypatch):
     assert yaml.safe_load(open(entry["plan"]))["spec"]["hardware"]["profile"] == "h200-moe-run"
     with pytest.raises(argparse.ArgumentTypeError, match="FIELD=NUMBER"):
         moe_h200._profile_field("runtime_op_seconds_beside_cpu")
+
+
+def test_each_batch_size_gets_a_warmup_run_before_its_first_plan(tmp_path, monkeypatch):
+    """The first run at a batch size paid ~45-60 ms a decode step outside its CPU parts and their host chain in the
+    2026-12-02 calls (the second run at that batch 8-15): on the device (not --emulate) a warm-up run of each
+    batch's first plan runs before it ('warmup', then 'warmup:b8'), and the table leaves it out."""
+    calls = []
+    monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
+    bench = _bench(tmp_path, share_ab=False, threads_ab=[], measure_gen_len=4, profile_steps=0,
+                   max_run_seconds=60.0, reserve_s=0.0, split_ab=True)
+    bench.args.emulate = False
+    bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}
+                              for b in (1, 8) for c in ("optimal", "experts-cpu")]
+    bench.runs()
+    (specs,) = calls
+    assert bench.summary["runs_index"] == [
+        "warmup", "optimal:b1", "optimal@cut:b1", "optimal@cut#2:b1", "optimal@no-cut:b1", "experts-cpu:b1",
+        "warmup:b8", "optimal:b8", "optimal@cut:b8", "optimal@cut#2:b8", "optimal@no-cut:b8", "experts-cpu:b8"]
+    assert specs[0] == specs[1] and specs[6] == specs[7] and specs[6].plan == "optimal-8.yaml"
+    assert not specs[6].expert_split
