@@ -170,14 +170,16 @@ def test_share_ab_runs_each_optimum_again_with_the_share_following_the_cpu(tmp_p
 
 def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatch):
     """The rates stage adds the expert kernel's rates (liac.probe.expert_rates on the model's own expert shapes) to
-    rates.json, and their beside-copy rate (Eq. 21c's) to run-profile.yaml, where the compile stage reads it."""
+    rates.json, and their beside-copy rate (Eq. 21c's) and DDR's total beside several copies (Eq. 21b's) to
+    run-profile.yaml, where the compile stage reads them."""
     bench = _bench(tmp_path)
     seen = []
 
     def experts(hidden, ffn, rotate_bytes, repeats=3, use_gpu=None):
         seen.append((hidden, ffn, use_gpu))
         return {"cpu_expert_gb_per_s": 40.0, "cpu_expert_after_idle_gb_per_s": 31.0,
-                "cpu_expert_beside_copy_gb_per_s": 27.5, "h2d_beside_expert_gb_per_s": 50.0}
+                "cpu_expert_beside_copy_gb_per_s": 27.5, "h2d_beside_expert_gb_per_s": 50.0,
+                "ddr_shared_experts_gb_per_s": 81.5}
 
     monkeypatch.setattr("liac.probe.measure_rates", lambda sizes, use_gpu=None: {"cpu_ddr_read_gb_per_s": 40.5})
     monkeypatch.setattr("liac.probe.expert_rates", experts)
@@ -187,7 +189,9 @@ def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatc
     assert rates["cpu_expert_after_idle_gb_per_s"] == 31.0 and rates["cpu_expert_beside_copy_gb_per_s"] == 27.5
     profile = load_profile(bench.profile)
     assert profile.cpu_expert_beside_copy_gb_per_s == 27.5 and profile.cpu_ddr_read_gb_per_s == 40.5
+    assert profile.ddr_shared_experts_gb_per_s == 81.5  # Eq. 21b's DDR term, probed in the experts' pattern
     assert "cpu_expert_beside_copy_gb_per_s" not in profile.estimates
+    assert "ddr_shared_experts_gb_per_s" not in profile.estimates
 
 
 @pytest.mark.parametrize("flag, tag, option", [("wake_ab", "wake", "cpu_wake"), ("split_ab", "cut", "expert_split")])
