@@ -126,6 +126,11 @@ class HardwareProfile:
         "expert probe: both sides' bytes over the span; or the runs' timed CPU parts, bench/reprice.py "
         "--ddr-experts-from-runs), GB/s: Eq. 21b's DDR term (docs/cost-model.md); 0: not measured, "
         "`ddr_shared_gb_per_s` (the GEMV's beside one copy) stands for it", minimum=0, default=0.0)
+    split_cpu_start_seconds: float = spec_field(
+        "a decode split sublayer's CPU part beyond its roofline: what each CPU part costs to start (the main "
+        "thread's OpenMP team after its wait for the part's input from the GPU, a narrow slice of the weights), s "
+        "(docs/cost-model.md Eq. 15b; fitted from a call's profiled split parts, bench/reprice.py "
+        "--split-start-from-runs); 0: not measured, not priced", minimum=0, default=0.0)
     ddr_shared_kv_gb_per_s: float = spec_field(
         "DDR bytes/s served in total when the CPU's fused decode attention reads a KV cache in DDR while pinned "
         "host-to-device copies read DDR too (the rates probe: the attention's KV read beside the copies plus "
@@ -222,17 +227,19 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
            "gpu_context_mib": _GIB_AS_MIB, "gpu_library_workspace_mib": _GIB_AS_MIB,
            "gpu_activation_factor": (1.0, 1e3), "runtime_op_seconds": _SECONDS, "runtime_op_seconds_beside_cpu": _SECONDS,
            "cpu_expert_beside_copy_gb_per_s": (0.0, _RATE[1]), "ddr_shared_kv_gb_per_s": (0.0, _RATE[1]),
-           "ddr_shared_experts_gb_per_s": (0.0, _RATE[1])}
+           "ddr_shared_experts_gb_per_s": (0.0, _RATE[1]),
+           "split_cpu_start_seconds": _SECONDS}
 
 
 # Optional fields (added after profiles were first written): a profile file without them gets the default, said so
 # in `sources` and listed in `estimates`.
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
                     "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s",
-                    "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s")
+                    "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s",
+                    "split_cpu_start_seconds")
 # Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
 UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s",
-                      "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s")
+                      "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s", "split_cpu_start_seconds")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:

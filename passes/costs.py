@@ -241,6 +241,7 @@ class CostGraph:
     split_sync_seconds: float = 0.0  # Eq. 15: a split unit's join beyond its slower part
     runtime_op_seconds: float = 0.0  # Eq. 24: the runtime's host time per unit it runs (SPLIT_OPS for a split)
     runtime_op_seconds_beside_cpu: float = 0.0  # Eq. 21d: per host op of a decode MoE layer beside a CPU part; 0: off
+    split_cpu_start_seconds: float = 0.0  # Eq. 15b: a decode split's CPU part beyond its roofline; 0: unpriced
     cpu_ddr_read_gb_per_s: float = 0.0  # Eq. 21c: the CPU's weight read alone (the profile's GEMV rate)
     cpu_expert_beside_copy_gb_per_s: float = 0.0  # Eq. 21c: the CPU's expert read beside an expert's copy; 0: unpriced
     ddr_shared_kv_gb_per_s: float = 0.0  # Eqs. 6, 18: DDR's total beside the fused decode attention; 0: as the GEMV's
@@ -775,6 +776,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds,
                      runtime_op_seconds=hw.runtime_op_seconds,
                      runtime_op_seconds_beside_cpu=hw.runtime_op_seconds_beside_cpu,
+                     split_cpu_start_seconds=hw.split_cpu_start_seconds,
                      cpu_ddr_read_gb_per_s=hw.cpu_ddr_read_gb_per_s,
                      cpu_expert_beside_copy_gb_per_s=hw.cpu_expert_beside_copy_gb_per_s,
                      ddr_shared_kv_gb_per_s=hw.ddr_shared_kv_gb_per_s,

@@ -295,12 +295,13 @@ def chain_ops(pc: PhaseCosts, phase: str) -> int | None:
 
 
 def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.ndarray, steps: int,
-                  hbm_experts: int = 0, other_ops: int | None = None) -> dict:
+                  hbm_experts: int = 0, other_ops: int | None = None, phase: str = "decode") -> dict:
     """Per distinct CPU permille in `permille` [O], arrays [O, steps]: 'compute' seconds on the chain (Eqs. 1, 15),
     'stream' bytes to the GPU, 'staged' bytes it needs in the staging buffer, 'read' bytes the CPU reads from the
     tier, 'cpu' seconds the CPU computes and the DDR bytes DMA can read 'beside' it (Eq. 18); and 'ok' [O], whether
     the option is allowed. An MoE experts unit keeps `hbm_experts` of its experts in HBM (Eq. 21); `other_ops`, the
-    ops of its layer's other units at decode (`chain_ops`), prices its layer's host chain beside a CPU part (Eq. 21d)."""
+    ops of its layer's other units at decode (`chain_ops`), prices its layer's host chain beside a CPU part (Eq. 21d).
+    `phase` ('decode' or 'prefill'): Eq. 15b prices the start of a split's CPU part in decode only."""
     if unit.experts:
         return _expert_options(costs, unit, tier, permille, steps, hbm_experts, other_ops)
     tier_index = TIERS.index(tier)
@@ -329,7 +330,10 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
             k = grid[int(value)]
             # Eq. 15: both parts run at once; the unit is done when the slower one is, and the join costs the sync
             # on top; the runtime dispatches its GPU part, its CPU part and the join: SPLIT_OPS ops (Eq. 24)
-            out["compute"][option] = (np.maximum(unit.split_cpu_seconds[k][tier_index], unit.split_gpu_seconds[k])
+            # Eq. 15b: in decode the CPU part starts late by the profile's split_cpu_start_seconds (0: unpriced)
+            start = costs.split_cpu_start_seconds if phase == "decode" else 0.0
+            out["compute"][option] = (np.maximum(np.asarray(unit.split_cpu_seconds[k][tier_index]) + start,
+                                                 unit.split_gpu_seconds[k])
                                       + costs.split_sync_seconds + SPLIT_OPS * op)
             out["cpu"][option] = unit.split_cpu_seconds[k][tier_index]
             out["beside"][option] = unit.split_cpu_beside_bytes[k][tier_index]
@@ -600,7 +604,7 @@ class LayerPricer:
         key = (index, tier, hbm_experts if unit.experts else 0)
         if key not in self._options:
             options = _unit_options(self.costs, unit, tier, self.values[index], self.steps if self.pc.steps else 0,
-                                    hbm_experts, chain_ops(self.pc, self.phase))
+                                    hbm_experts, chain_ops(self.pc, self.phase), self.phase)
             if self.pc.steps:
                 options = {name: (_table(v) if name != "ok" else v) for name, v in options.items()}
             self._options[key] = options
@@ -925,7 +929,7 @@ def unit_times(costs: CostGraph, cls: ClassCosts, phase: str, tiers: tuple[str, 
             out.append(UnitTime(unit.name, device, 0.0, 0.0, 0.0))
             continue
         options = _unit_options(costs, unit, tiers[index], np.array([int(priced[index])]), pc.steps, hbm_experts,
-                                chain_ops(pc, phase))
+                                chain_ops(pc, phase), phase)
         transfer = np.zeros((1, pc.steps))
         stored = np.zeros((1, pc.steps))
         if kv_tier is not None:
@@ -1054,7 +1058,7 @@ def unit_prices(price: PlanPrice) -> list[UnitPrice]:
                 on_cpu[index] = 1000
                 on_cpu = int(_with_apart(pc, on_cpu[None, :])[0, index])  # the partner as planned (Eq. 25)
                 whole = _unit_options(costs, unit, tier, np.array([on_cpu, 0]), pc.steps,  # wholly on the CPU, GPU
-                                      priced.hbm_experts, chain_ops(pc, phase))
+                                      priced.hbm_experts, chain_ops(pc, phase), phase)
                 transfer = {}
                 for share in (0.0, 1.0):  # this unit wholly on the CPU (0) or the GPU (1), neighbours as planned
                     moved = planned.copy()

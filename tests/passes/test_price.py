@@ -720,3 +720,62 @@ def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
                                                              tuple(500 if n == "experts" else 0 for n in names))]
     assert dataclasses.replace(base, runtime_op_seconds_beside_cpu=0.0).sha256() == base.sha256()
     assert (hw.sha256() == base.sha256()) == (beside_cpu == 0.0)
+
+
+def test_a_split_cpu_part_starts_late_in_decode_by_hand():
+    """Eq. 15b: in decode a split unit's CPU part costs the profile's `split_cpu_start_seconds` on top of its
+    roofline, inside the max against the GPU part (the unit: max(CPU part + w, GPU part) + sync + SPLIT_OPS·o); a
+    prefill's split and every whole unit are priced as before, and so is every layer on a profile without the
+    field (0: the hash too)."""
+    start, op = 5e-4, 3e-4
+    base = dataclasses.replace(HW, runtime_op_seconds=op)
+    late = dataclasses.replace(base, split_cpu_start_seconds=start)
+    assert base.split_cpu_start_seconds == 0.0 and "split_cpu_start_seconds" not in base.canonical()
+    assert late.sha256() != base.sha256()
+    costs = {key: annotate_costs(hand_graph(TINY), hw, Workload(4, 8, 4), BUDGETS, split_permille=(600,))
+             for key, hw in (("base", base), ("late", late))}
+    base, late = "base", "late"
+    dec = costs[late].layer_class("decoder")
+    tiers = ("ddr",) * 6
+    split = (1000, 1000, 1000, 1000, 600, 0)  # fc1 60 % on the CPU
+    fc1 = dec.decode.units[4]
+    for t in range(dec.decode.steps):
+        options = _unit_options(costs[late], fc1, "ddr", np.array([600]), dec.decode.steps, phase="decode")
+        by_hand = (max(fc1.split_cpu_seconds[0][1][t] + start, fc1.split_gpu_seconds[0][t])
+                   + HW.split_sync_seconds + SPLIT_OPS * op)
+        assert options["compute"][0][t] == pytest.approx(by_hand, rel=1e-12)
+        assert options["cpu"][0][t] == fc1.split_cpu_seconds[0][1][t]  # Eq. 18's CPU seconds: its kernels only
+    units = {hw: {u.name: u for u in unit_times(costs[hw], dec, "decode", tiers, split)} for hw in (base, late)}
+    assert units[late]["fc1"].compute_seconds - units[base]["fc1"].compute_seconds == pytest.approx(start, rel=1e-9)
+    assert all(units[late][n] == units[base][n] for n in ("qkv", "attn_score", "out_proj", "fc2"))
+    # a whole placement and a prefill's split price to the bit as without the field
+    whole = np.array([(1000, 1000, 1000, 1000, 1000, 0), (1000, 1000, 1000, 0, 0, 0)])
+    for phase, placement in (("decode", whole), ("prefill", np.array([split]))):
+        assert np.array_equal(layer_time(costs[late], dec, phase, tiers, placement).seconds,
+                              layer_time(costs[base], dec, phase, tiers, placement).seconds)
+    assert (layer_time(costs[late], dec, "decode", tiers, np.array([split])).chain_seconds[0]
+            - layer_time(costs[base], dec, "decode", tiers, np.array([split])).chain_seconds[0]
+            == pytest.approx(dec.decode.steps * start, rel=1e-9))
+
+
+def test_the_ilp_drops_a_split_whose_gain_is_below_its_cpu_parts_start():
+    """OPT-30B at batch 32 on the H200 call i12u's profile (24 GiB): without Eq. 15b the optimum splits fc1 5 %
+    onto the CPU in 23 layers for a priced gain of 0.5 % over whole units (the split plan ran 712 ms/token against
+    the whole plan's 515 there); with the profiled parts' start (0.52 ms a CPU part) it splits no decoder layer, and
+    its price is within 0.5 % of the whole-unit optimum's."""
+    call = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200-2026-12-02" / "i12u"
+    profile = resolve_profile(str(call / "run-profile.yaml"))
+    kw = dict(batches=(32,), prompt_len=128, gen_len=32, gpu_mem=24 * GIB)
+    plans = {start: compile_plans("opt-30b", dataclasses.replace(profile, split_cpu_start_seconds=start),
+                                  **kw).points[0].plan for start in (0.0, 0.000518)}
+
+    def decoder_splits(plan):
+        return sum(g.layer_count for g in plan.spec.layer_groups if g.layer_class == "decoder"
+                   for s in g.sublayers if s.decode == "split")
+
+    assert decoder_splits(plans[0.0]) == 23
+    assert decoder_splits(plans[0.000518]) == 0
+    whole = compile_plans("opt-30b", dataclasses.replace(profile, split_cpu_start_seconds=0.000518), policy="whole",
+                          **kw).points[0].plan
+    kept, bare = (p.status.predicted.decode_seconds_per_token for p in (plans[0.000518], whole))
+    assert 0.995 * bare <= kept <= bare  # what is left of the splits' gain: the LM head's
