@@ -27,6 +27,13 @@ part, else 1; the layer's other units, `price.chain_ops`), summed over the runs 
 the runs' timed decode steps: over the runs with CPU parts, routed experts streamed beside them and no cut expert,
 (the CPU parts' expert bytes + the streamed experts' bytes) / the CPU parts' seconds (`ddr_experts_from_runs`).
 
+--split-start-from-runs sets the profile's `split_cpu_start_seconds` (docs/cost-model.md Eq. 15b) from the call's
+profiled decode split units (runs.json `metrics.sublayers`, device 'split', each CPU part timed alone): the
+intercept of a robust line (Theil-Sen: the median of the pairwise slopes, then the median intercept) through each
+CPU part's measured ms against its re-priced ms, i.e. what a CPU part costs to start whatever its width (narrow
+parts of 358-2867 features ran 2x their price, wide ones at 0.8x: a fixed start beside a rate above the probe's).
+The slope is printed beside it (the CPU's rate on the parts, over the profile's: --cpu-rates-from-runs's business).
+
 --cpu-rates-from-runs sets the profile's `cpu_ddr_read_gb_per_s` and `cpu_kv_read_gb_per_s` to the rates the
 runtime's own CPU kernels reached in the call's profiled decode steps (each op timed alone): the median over the
 whole-CPU weight GEMV units (qkv, out_proj, fc1, fc2 at batch ≤ 8, where a unit is its weights' read) of their
@@ -36,7 +43,8 @@ batch-8, 32-head cache) and varied between calls more than the runtime's kernels
 
 --recompile B,... compiles the optimum for those batch sizes with the profile (the call's budget and generation
 length, at each prompt length its plans ran) and prints what the ILP picks: its split units per decode step and per
-prefill, its predicted decode and prefill.
+prefill, its predicted decode and prefill, and the predicted decode of the optimum without splits (`--policy whole`):
+the gain the ILP sees in its splits.
 
 --attribute prints, per run with a profiled decode step, where that step's time went, summed over layers: the
 non-expert units (attention, router, LM head, embedding, staging waits and releases) measured beside their re-priced
@@ -75,7 +83,7 @@ import tarfile
 from pathlib import Path
 
 __all__ = ["load_call_plans", "kv_shared_from_rates", "op_seconds_from_runs", "chain_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
-           "attribute_decode", "split_parts", "error_summary", "main"]
+           "attribute_decode", "split_parts", "split_start_from_runs", "robust_line", "error_summary", "main"]
 
 GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
 ATTENTION_UNITS = frozenset({"attn_score", "attn_context"})
@@ -230,6 +238,33 @@ def cpu_rates_from_runs(folder: Path, profile, plans: dict) -> dict[str, tuple[f
             nbytes = sum(statistics.fmean(u.cpu_read_bytes) for u in units if u.name in names)
             samples[field].append(nbytes / (entry["measured_ms"] / 1e3) / 1e9)
     return {field: (statistics.median(v), len(v)) for field, v in samples.items() if v}
+
+
+def robust_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the Theil-Sen line through the points: the median of the slopes between every two
+    points with different x, then the median of y − slope·x (a few outliers, e.g. a part slowed by the machine,
+    move neither)."""
+    import numpy as np
+
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    i, j = np.triu_indices(x.size, k=1)
+    apart = np.abs(x[j] - x[i]) > 1e-12
+    if not apart.any():
+        raise ValueError("the points need two different x")
+    slope = float(np.median((y[j] - y[i])[apart] / (x[j] - x[i])[apart]))
+    return float(np.median(y - slope * x)), slope
+
+
+def split_start_from_runs(folder: Path, profile, plans: dict) -> tuple[float, float, int]:
+    """(seconds, slope, samples): Eq. 15b's `split_cpu_start_seconds`, the intercept (at least 0) of the robust line
+    through the call's profiled decode split CPU parts, measured ms against re-priced ms (`split_parts`, which prices
+    the part alone, without the start)."""
+    rows = [r for r in split_parts(folder, profile, plans) if r["phase"] == "decode"]
+    if len(rows) < 3:
+        raise SystemExit("reprice: --split-start-from-runs needs at least 3 profiled decode split units "
+                         f"(the call has {len(rows)}; run lia-run with --profile-steps 1 on plans that split)")
+    intercept, slope = robust_line([r["repriced_cpu_part_ms"] for r in rows], [r["cpu_part_ms"] for r in rows])
+    return max(intercept, 0.0) / 1e3, slope, len(rows)
 
 
 def error_summary(rows: list[dict]) -> dict[str, tuple[float, float, int]]:
@@ -417,6 +452,11 @@ def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[d
         result = compile_plans(sample.model_config, profile, batches=tuple(batches), prompt_len=prompt_len,
                                gen_len=spec.workload.gen_len, gpu_mem=spec.budgets.gpu_bytes,
                                cpu_mem=spec.budgets.cpu_bytes)
+        whole = compile_plans(sample.model_config, profile, batches=tuple(batches), prompt_len=prompt_len,
+                              gen_len=spec.workload.gen_len, gpu_mem=spec.budgets.gpu_bytes,
+                              cpu_mem=spec.budgets.cpu_bytes, policy="whole")
+        whole_ms = {p.plan.spec.workload.batch_size: p.plan.status.predicted.decode_seconds_per_token * 1e3
+                    for p in whole.points if p.plan is not None}
         for point in result.points:
             plan = point.plan
             splits = [(g.name, g.layer_count, s.name, s.decode_cpu_permille) for g in plan.spec.layer_groups
@@ -428,6 +468,7 @@ def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[d
             out.append({"batch": plan.spec.workload.batch_size, "prompt": prompt_len,
                         "cpu_attention_layers": attention,
                         "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
+                        "whole_decode_ms": whole_ms.get(plan.spec.workload.batch_size),
                         "prefill_ms": plan.status.predicted.prefill_seconds * 1e3,
                         "split_units": sum(n for _, n, _, _ in splits),
                         "splits": ", ".join(f"{g}×{n} {u}@{p}‰" for g, n, u, p in splits) or "none",
@@ -474,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddr-experts-from-runs", action="store_true",
                         help="set ddr_shared_experts_gb_per_s from the runs' timed CPU parts and the experts "
                              "streamed beside them (Eq. 21b's DDR term)")
+    parser.add_argument("--split-start-from-runs", action="store_true",
+                        help="set split_cpu_start_seconds from the runs' profiled split CPU parts (Eq. 15b)")
     parser.add_argument("--cpu-rates-from-runs", action="store_true",
                         help="set the CPU GEMV and KV read rates from the runs' profiled decode steps (docstring)")
     parser.add_argument("--rates-after", action="store_true",
@@ -515,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault("ddr_shared_experts_gb_per_s", rate)
             notes.append(f"ddr_shared_experts_gb_per_s = {rate:.1f} GB/s (DDR's total beside the CPU parts, {used} "
                          f"runs' timed steps; ddr_shared_gb_per_s {profile.ddr_shared_gb_per_s:.1f})")
+        if args.split_start_from_runs:
+            seconds, slope, samples = split_start_from_runs(args.call, profile, load_call_plans(args.call))
+            overrides.setdefault("split_cpu_start_seconds", seconds)
+            notes.append(f"split_cpu_start_seconds = {seconds * 1e3:.3f} ms (the intercept over {samples} profiled "
+                         f"decode split CPU parts; their slope over the price {slope:.2f})")
         if args.cpu_rates_from_runs:
             for field, (rate, samples) in cpu_rates_from_runs(args.call, profile, load_call_plans(args.call)).items():
                 overrides.setdefault(field, rate)
@@ -580,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         out.write(f"{phase}: median |error| {median:.1%}, worst {worst:.1%} over {count} runs\n")
     for pick in picks:
         out.write(f"recompiled b{pick['batch']} p{pick['prompt']}: decode {pick['decode_ms']:.1f} ms/token, prefill "
-                  f"{pick['prefill_ms']:.1f} ms predicted; {pick['split_units']} split units per decode step "
+                  f"{pick['prefill_ms']:.1f} ms predicted (the whole-unit optimum: decode "
+                  f"{cell(pick['whole_decode_ms'], 0)}); {pick['split_units']} split units per decode step "
                   f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']}); "
                   f"decode attention on the CPU in {pick['cpu_attention_layers']} layers\n")
     if units:

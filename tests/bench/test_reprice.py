@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -391,3 +392,38 @@ def test_the_experts_ddr_rate_leaves_dense_plans_unpriced(capsys):
     plain = capsys.readouterr().out
     assert reprice.main([str(CALL), "--set", "ddr_shared_experts_gb_per_s=20"]) == 0
     assert capsys.readouterr().out == plain
+
+
+def test_robust_line_ignores_an_outlier():
+    """Theil-Sen: intercept and slope of 0.5 + 0.8 x through six points, one of them far off (a slowed part)."""
+    xs = [0.1, 0.5, 1.0, 2.0, 4.0, 7.0]
+    ys = [0.5 + 0.8 * x for x in xs]
+    ys[4] += 9.0
+    intercept, slope = reprice.robust_line(xs, ys)
+    assert (intercept, slope) == (pytest.approx(0.5), pytest.approx(0.8))
+    with pytest.raises(ValueError):
+        reprice.robust_line([1.0, 1.0], [2.0, 3.0])
+
+
+def test_split_start_from_the_runs_of_call_i12u():
+    """Call i12u's eight profiled decode split CPU parts (358-27649 features): the narrow ones ran 2-2.5x their
+    price, the wide ones at or under it; the robust line starts at 0.33 ms with a slope under 1. Priced with it,
+    the b32 split plan (23 fc1 CPU parts of 1433 features and the LM head's) rises by up to 24 starts a step (its
+    layers' chains, partly under the stream) and its decode error shrinks."""
+    from liac.profile import resolve_profile
+
+    call = CALL.parent / "i12u"
+    profile = resolve_profile(str(call / "run-profile.yaml"))
+    seconds, slope, samples = reprice.split_start_from_runs(call, profile, reprice.load_call_plans(call))
+    assert samples == 8 and seconds == pytest.approx(0.326e-3, abs=0.005e-3) and 0.7 < slope < 1.0
+    plans = reprice.load_call_plans(call)
+    late = dataclasses.replace(profile, split_cpu_start_seconds=seconds)
+    rows = {name: {r["plan"]: r for r in reprice.reprice(call, p, plans)} for name, p in (("bare", profile),
+                                                                                          ("late", late))}
+    b32 = "opt-30b.h200-run.b32-p128-g32"
+    rise = rows["late"][b32]["repriced_decode_ms"] - rows["bare"][b32]["repriced_decode_ms"]
+    assert 0.4 * 24 * seconds * 1e3 < rise <= 24 * seconds * 1e3 + 1e-9  # 24 starts on a chain the stream hides in part
+    assert abs(rows["late"][b32]["repriced_decode_ms"] / rows["late"][b32]["measured_decode_ms"] - 1) < abs(
+        rows["bare"][b32]["repriced_decode_ms"] / rows["bare"][b32]["measured_decode_ms"] - 1)
+    assert rows["late"][b32 + ".whole"] == rows["bare"][b32 + ".whole"]  # no split, no start
+    assert reprice.main([str(call), "--split-start-from-runs"]) == 0
