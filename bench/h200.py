@@ -15,7 +15,9 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            contender: optimal (liac, with splits), whole (liac without splits), lia-cpu, lia-partial, lia-gpu
            (each also as NAME+dN: compiled with prefetch depth N, N + 1 staging buffers, e.g. 'whole+d2'; and as
            NAME@copies: NAME's plans run again with every crossing to the GPU copied by the copy engine,
-           Engine.from_plan(mapped_crossings=False), the A/B of the mapped crossings); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
+           Engine.from_plan(mapped_crossings=False), the A/B of the mapped crossings; and as NAME+nostart:
+           compiled without Eq. 15b's start of a split's CPU part, split_cpu_start_seconds 0, its plans named
+           for the profile with '-nostart', the A/B of the splits that term takes out); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
            (issue 4's check) → plans/, plans.tar.gz
   rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, plus the
            CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
@@ -65,13 +67,20 @@ CONTENDERS = ("optimal", "whole", "lia-cpu", "lia-partial", "lia-gpu")
 
 
 COPIES = "@copies"  # a contender's plans run again with every crossing to the GPU copied by the copy engine
+NOSTART = "+nostart"  # a contender compiled with split_cpu_start_seconds 0 (docs/cost-model.md Eq. 15b off)
 
 
 def contender_parts(contender: str) -> tuple[str, int]:
     """'whole+d2' → ('whole', 2): a contender compiled with `prefetch_depth` 2 (three staging buffers); the plain
-    name → prefetch depth 1 (the compiler's default). A trailing '@copies' is not part of it (`compiled_as`)."""
-    base, _, depth = compiled_as(contender).partition("+d")
+    name → prefetch depth 1 (the compiler's default). A trailing '@copies' is not part of it (`compiled_as`), nor
+    is '+nostart' (`without_start`)."""
+    base, _, depth = without_start(compiled_as(contender)).partition("+d")
     return base, int(depth) if depth.isdigit() and int(depth) >= 1 else 1
+
+
+def without_start(contender: str) -> str:
+    """'optimal+nostart' → 'optimal' (compiled with Eq. 15b's split_cpu_start_seconds at 0); others as they are."""
+    return contender[:-len(NOSTART)] if contender.endswith(NOSTART) else contender
 
 
 def compiled_as(contender: str) -> str:
@@ -81,7 +90,7 @@ def compiled_as(contender: str) -> str:
 
 
 def known_contender(contender: str) -> bool:
-    base, _, depth = compiled_as(contender).partition("+d")
+    base, _, depth = without_start(compiled_as(contender)).partition("+d")
     return base in CONTENDERS and (depth == "" or (depth.isdigit() and int(depth) >= 1))
 def decoder_gemv_shapes(model: str) -> tuple[tuple[int, int], ...]:
     """The decoder's weight GEMM matrices (rows, columns) of a zoo model, from its traced graph: the shapes the
@@ -222,9 +231,17 @@ class Bench:
             by_prompt.setdefault(prompt, []).append(batch)
         for contender in dict.fromkeys(compiled_as(c) for c in self.args.contenders if known_contender(c)):
             base, depth = contender_parts(contender)
+            hw = str(profile)
+            if contender.endswith(NOSTART):  # Eq. 15b off; the plans named apart from the contender's own
+                import dataclasses
+
+                from liac.profile import resolve_profile
+
+                loaded = resolve_profile(str(profile))
+                hw = dataclasses.replace(loaded, name=f"{loaded.name}-nostart", split_cpu_start_seconds=0.0)
             for prompt, batches in by_prompt.items():
                 began = time.monotonic()
-                result = compile_plans(model, str(profile), batches=tuple(batches), prompt_len=prompt,
+                result = compile_plans(model, hw, batches=tuple(batches), prompt_len=prompt,
                                        gen_len=self.args.gen_len, gpu_mem=budget,
                                        policy=None if base == "optimal" else base, prefetch_depth=depth)
                 folder = self.plans_dir / contender / f"p{prompt}"
@@ -557,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         if not known_contender(contender) and contender != "shipped-profile":
             raise SystemExit(f"--contenders: unknown contender {contender!r} (one of {', '.join(CONTENDERS)}, "
                              "'shipped-profile', or one of the first with '+dN': compiled with prefetch depth N, "
-                             "and/or '@copies': its plans run with every crossing copied by the copy engine)")
+                             "and/or '@copies': its plans run with every crossing copied by the copy engine, "
+                             "and/or '+nostart': compiled without Eq. 15b's split start)")
     args.peers = [p for p in args.peers.split(",") if p]
     args.timeline_batches = tuple(int(b) for b in args.timeline_batches.split(",") if b)
     if args.emulate:

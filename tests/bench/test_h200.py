@@ -166,3 +166,30 @@ def test_rates_after_is_skipped_with_its_reason_when_time_is_short(tmp_path, mon
     summary = json.loads((out / "summary.json").read_text())
     assert not (out / "rates-after.json").exists()
     assert summary["skipped"][0]["stage"] == "rates-after" and "out of time" in summary["skipped"][0]["reason"]
+
+
+def test_a_contender_without_the_split_start_is_compiled_apart(tmp_path):
+    """'optimal+nostart' compiles the optimum with Eq. 15b's split_cpu_start_seconds at 0 (the A/B of the splits
+    that term takes out): its plans are named for the profile with '-nostart', so that runs.json and
+    bench/reprice.py tell them from 'optimal's."""
+    import json
+
+    import h200
+    import yaml
+
+    from h200 import contender_parts, known_contender
+
+    assert known_contender("optimal+nostart") and known_contender("whole+d2+nostart@copies")
+    assert contender_parts("optimal+nostart") == ("optimal", 1) and contender_parts("whole+d2+nostart") == ("whole", 2)
+    profile = tmp_path / "late.yaml"
+    data = yaml.safe_load(open(h200.ROOT / "liac" / "profiles" / "spr-h100.yaml"))
+    data["sources"]["split_cpu_start_seconds"] = "this test"
+    profile.write_text(yaml.safe_dump(dict(data, split_cpu_start_seconds=0.002)))
+    out = tmp_path / "out"
+    assert h200.main(["--out", str(out), "--emulate", "--profile", str(profile), "--stages", "compile",
+                      "--points", "128:1", "--contenders", "optimal,optimal+nostart"]) == 0
+    plans = json.loads((out / "summary.json").read_text())["plans"]
+    assert sorted(p["contender"] for p in plans) == ["optimal", "optimal+nostart"]
+    named = {p["contender"]: yaml.safe_load(open(p["plan"])) for p in plans}
+    assert named["optimal+nostart"]["metadata"]["name"] != named["optimal"]["metadata"]["name"]
+    assert "-nostart" in named["optimal+nostart"]["metadata"]["name"]
