@@ -30,6 +30,11 @@ LABELS = {"optimal": "liac (split)", "whole": "liac (whole sublayers)", "lia-cpu
           "accelerate-pinned": "Accelerate (pinned)", "flexgen": "FlexGen (best --percent)", "floor": "floor"}
 
 
+# The contenders the compiled plan must beat (issue 12's target): not the variants a call runs as experiments
+# ('optimal@copies', 'whole+d2', 'optimal+nostart'), nor the plan compiled for the shipped profile.
+RIVALS = ("whole", "lia-cpu", "lia-partial", "lia-gpu")
+
+
 def _load(folder: Path, name: str, default=None):
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else default
@@ -169,7 +174,8 @@ def _median(values):
 
 def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> list[dict]:
     """Per device call and point where the compiled plan ran: the plan (median over repeats, and the spread), the
-    other contenders, the peers and the floor — all from that one call (the host's CPU side varies between starts)."""
+    other contenders (`RIVALS`, each the median of its runs: an A B B A call runs each twice), the peers and the
+    floor — all from that one call (the host's CPU side varies between starts)."""
     out = []
     for call in sorted({r["call"] for r in rows}):
         here = [r for r in rows if r["call"] == call and "decode_ms" in r]
@@ -185,10 +191,11 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
                      "predicted_prefill_ms": mine[0].get("predicted_prefill_ms"),
                      "peak_gib": max((r.get("peak_gib") or 0) for r in at) or None,
                      "budget_gib": mine[0].get("budget_gib"), "others": {}, "peers": {}}
-            for r in at:
-                if r["contender"] not in ("optimal", "shipped-profile"):
-                    point["others"][r["contender"]] = {k: r[k] for k in ("decode_ms", "tokens_per_second",
-                                                                         "prefill_ms")}
+            for rival in sorted({r["contender"] for r in at if r["contender"] in RIVALS}):
+                theirs = [r for r in at if r["contender"] == rival]  # A B B A: the median of its runs, as for mine
+                point["others"][rival] = {k: _median([r[k] for r in theirs]) for k in ("decode_ms",
+                                                                                        "tokens_per_second",
+                                                                                        "prefill_ms")}
             for r in peers:
                 if r.get("call") == call and (r["prompt_len"], r["batch"]) == (prompt, batch) and "decode_ms" in r:
                     point["peers"][r["contender"]] = {k: r.get(k) for k in ("decode_ms", "tokens_per_second",

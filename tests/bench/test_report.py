@@ -70,3 +70,16 @@ def test_tables_go_between_the_pages_markers(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and "needs one" in err[0]
     assert not (tmp_path / "out.json").exists() and bare.read_text() == "# no markers\n"
+
+
+def test_rivals_are_the_issues_contenders_at_the_median_of_their_runs():
+    """An A B B A call: each rival counts at the median of its two runs (not its last), and the variants a call
+    runs as experiments ('optimal@copies', 'optimal+nostart', 'whole+d2') are no rivals of the compiled plan."""
+    rows = [_row("w", "optimal", 32, 460.0, 70.0), _row("w", "whole", 32, 440.0, 72.0),
+            _row("w", "whole", 32, 500.0, 64.0), _row("w", "optimal", 32, 480.0, 67.0),
+            _row("w", "optimal+nostart", 32, 430.0, 74.0), _row("w", "optimal@copies", 32, 400.0, 80.0),
+            _row("w", "whole+d2", 32, 410.0, 78.0)]
+    (point,) = call_points(rows, [], {})
+    assert point["decode_ms"] == 470.0 and set(point["others"]) == {"whole"}
+    assert point["others"]["whole"] == {"decode_ms": 470.0, "tokens_per_second": 68.0, "prefill_ms": 500.0}
+    assert "| 1 of 1 points |" in targets_summary([point], rows)  # 470 against whole's median 470 (its last: 500)
