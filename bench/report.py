@@ -13,7 +13,9 @@ once on every run (in-sample) and once on the prompt-128 runs only, judged on th
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +42,41 @@ def _load(folder: Path, name: str, default=None):
     return json.loads(path.read_text()) if path.exists() else default
 
 
+def _unpack_plans(folder: Path) -> Path | None:
+    """The call's plans (plans.tar.gz, written by bench/h200.py's compile stage: plans/CONTENDER/pPROMPT/NAME.yaml),
+    unpacked into a temporary folder; None where the call compiled none."""
+    import tarfile
+
+    archive = folder / "plans.tar.gz"
+    if not archive.exists():
+        return None
+    target = Path(tempfile.mkdtemp(prefix=f"liac-report-{folder.name}-"))
+    atexit.register(shutil.rmtree, target, True)
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".yaml")]
+        tar.extractall(target, members=members, filter="data")
+    return target
+
+
+def _plan_path(plans: Path | None, plan_file: str | None) -> str | None:
+    """Where a run's plan (its `plan_file`, e.g. .device-plans/optimal/p128/NAME.yaml) lies among the call's
+    unpacked plans (plans/optimal/p128/NAME.yaml)."""
+    if plans is None or not plan_file:
+        return None
+    path = plans / "plans" / Path(*Path(plan_file).parts[1:])
+    return str(path) if path.exists() else None
+
+
+def same_plan(a: str | None, b: str | None) -> bool:
+    """Whether two plan files are one plan (`liac diff`: no semantic difference; names and profiles aside)."""
+    if not a or not b:
+        return False
+    from liac.artifacts.diff import diff_plans
+    from liac.plan import load_plan
+
+    return not diff_plans(load_plan(a), load_plan(b), a, b).changes
+
+
 def collect(folders: list[Path]) -> dict:
     """Every call's results, keyed by what they are; runs are tagged with their contender and point."""
     runs, peers, floors, calls, floors_by_call = [], [], {}, [], {}
@@ -50,6 +87,7 @@ def collect(folders: list[Path]) -> dict:
         index = summary.get("runs_index", [])
         contender_of = {Path(e["plan"]).name: e for e in index if e.get("contender") != "warmup"}
         finished = (_load(folder, "runs.json", {}) or {}).get("runs", [])
+        plans = _unpack_plans(folder)
         for position, run in enumerate(finished):
             if len(index) == len(finished):  # runs follow the index (a warm-up run shares its plan file)
                 entry = index[position]
@@ -60,7 +98,8 @@ def collect(folders: list[Path]) -> dict:
                     entry = dict(entry, contender=base + "@copies" if run.get("mapped_crossings") is False else base)
             if entry.get("contender") == "warmup":
                 continue
-            run = dict(run, contender=entry.get("contender", "?"), call=folder.name)
+            run = dict(run, contender=entry.get("contender", "?"), call=folder.name,
+                       plan_path=_plan_path(plans, run.get("plan_file")))
             runs.append(run)
         for peer in _load(folder, "peers.json", []) or []:
             peers.append(dict(peer, call=folder.name))
@@ -76,7 +115,8 @@ def run_rows(data: dict) -> list[dict]:
     for run in data["runs"]:
         request = run["request"]
         row = {"contender": run["contender"], "prompt_len": request["prompt_len"], "batch": request["batch_size"],
-               "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"]}
+               "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"],
+               "plan_path": run.get("plan_path")}
         if "summary" in run:
             gpu = run["gpu"]
             footprint = gpu.get("peak_footprint_bytes")  # allocator peak + CUDA context (runs since issue 12)
@@ -175,14 +215,24 @@ def _median(values):
 def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> list[dict]:
     """Per device call and point where the compiled plan ran: the plan (median over repeats, and the spread), the
     other contenders (`RIVALS`, each the median of its runs: an A B B A call runs each twice), the peers and the
-    floor — all from that one call (the host's CPU side varies between starts)."""
+    floor — all from that one call (the host's CPU side varies between starts). A contender whose plan is the
+    compiled plan (`same_plan`: the policy chose the same placement) is no rival: its runs count as the compiled
+    plan's (`same_plan_as`)."""
     out = []
     for call in sorted({r["call"] for r in rows}):
         here = [r for r in rows if r["call"] == call and "decode_ms" in r]
         for prompt, batch in sorted({(r["prompt_len"], r["batch"]) for r in here if r["contender"] == "optimal"}):
             at = [r for r in here if (r["prompt_len"], r["batch"]) == (prompt, batch)]
             mine = [r for r in at if r["contender"] == "optimal"]
-            point = {"call": call, "prompt_len": prompt, "batch": batch, "repeats": len(mine),
+            rivals, same = {}, []
+            for rival in sorted({r["contender"] for r in at if r["contender"] in RIVALS}):
+                theirs = [r for r in at if r["contender"] == rival]
+                if same_plan(mine[0].get("plan_path"), theirs[0].get("plan_path")):
+                    same.append(rival)  # the same plan under another policy's name: its runs are mine, no rival
+                    mine = mine + theirs
+                else:
+                    rivals[rival] = theirs
+            point = {"call": call, "prompt_len": prompt, "batch": batch, "repeats": len(mine), "same_plan_as": same,
                      "decode_ms": _median([r["decode_ms"] for r in mine]),
                      "decode_ms_range": [min(r["decode_ms"] for r in mine), max(r["decode_ms"] for r in mine)],
                      "tokens_per_second": _median([r["tokens_per_second"] for r in mine]),
@@ -191,8 +241,7 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
                      "predicted_prefill_ms": mine[0].get("predicted_prefill_ms"),
                      "peak_gib": max((r.get("peak_gib") or 0) for r in at) or None,
                      "budget_gib": mine[0].get("budget_gib"), "others": {}, "peers": {}}
-            for rival in sorted({r["contender"] for r in at if r["contender"] in RIVALS}):
-                theirs = [r for r in at if r["contender"] == rival]  # A B B A: the median of its runs, as for mine
+            for rival, theirs in rivals.items():  # A B B A: the median of its runs, as for mine
                 point["others"][rival] = {k: _median([r[k] for r in theirs]) for k in ("decode_ms",
                                                                                         "tokens_per_second",
                                                                                         "prefill_ms")}
@@ -222,6 +271,8 @@ def targets_markdown(points: list[dict]) -> str:
         worst = max((p["decode_ms"] / o["decode_ms"] for o in others.values()), default=1.0)
         fastest = ("yes" if fastest_decode else f"no ({worst:.2f}x the best)") + " / " + (
             "yes" if fastest_rate else "no")
+        if p.get("same_plan_as"):
+            fastest += f" (the same plan as {', '.join(p['same_plan_as'])}: runs pooled)"
         floor = f"{p['decode_ms'] / p['floor_decode_ms']:.2f}x" if p.get("floor_decode_ms") else "–"
         flexgen = p["peers"].get("flexgen")
         vs_fg = f"{p['tokens_per_second'] / flexgen['tokens_per_second']:.2f}x" if flexgen else "–"
