@@ -339,11 +339,13 @@ def test_the_host_chain_from_the_runs_reprices_the_moe_cut_call():
     assert median < 0.12 < sorted(abs(r["repriced_decode_ms"] / r["measured_decode_ms"] - 1) for r in before)[4]
 
 
-def test_the_host_chain_leaves_dense_plans_unpriced(capsys):
-    """A dense plan has no experts unit: o_c changes none of call 4's prices (OPT-30B)."""
+@pytest.mark.parametrize("field", ["runtime_op_seconds_beside_cpu=0.001", "ddr_shared_experts_gb_per_s=20"])
+def test_the_experts_fields_leave_dense_plans_unpriced(capsys, field):
+    """A dense plan has no experts unit: o_c (Eq. 21d) and the experts' DDR rate (Eq. 21b) change none of call 4's
+    prices (OPT-30B)."""
     assert reprice.main([str(CALL)]) == 0
     plain = capsys.readouterr().out
-    assert reprice.main([str(CALL), "--set", "runtime_op_seconds_beside_cpu=0.001"]) == 0
+    assert reprice.main([str(CALL), "--set", field]) == 0
     assert capsys.readouterr().out == plain
 
 
@@ -386,12 +388,6 @@ def test_the_experts_ddr_rate_from_the_runs_reprices_the_moe_calls():
         assert (errors["before"], errors["after"]) == pytest.approx(expected, abs=0.002)
 
 
-def test_the_experts_ddr_rate_leaves_dense_plans_unpriced(capsys):
-    """A dense plan has no experts unit: the experts' DDR rate changes none of call 4's prices (OPT-30B)."""
-    assert reprice.main([str(CALL)]) == 0
-    plain = capsys.readouterr().out
-    assert reprice.main([str(CALL), "--set", "ddr_shared_experts_gb_per_s=20"]) == 0
-    assert capsys.readouterr().out == plain
 
 
 def test_robust_line_ignores_an_outlier():

@@ -580,6 +580,18 @@ def test_split_experts_by_hand(op, shared):
     assert unit.expert_bytes[0] / unit.expert_slot_bytes == pytest.approx(0.25, rel=1e-12)
 
 
+def _half_split_experts(cfg, profile, batch):
+    """The decode experts unit of `cfg` at `batch`, half its experts on the CPU from DDR (500 ‰) and every other
+    unit on the GPU: (its priced UnitTime, the unit, the decode steps)."""
+    costs = annotate_costs(trace_model(cfg), profile, Workload(batch, 128, 4), BUDGETS)
+    dec = costs.layer_class("decoder")
+    names = [u.name for u in dec.decode.units]
+    permille = tuple(500 if n == "experts" else 0 for n in names)
+    (priced,) = [u for u in unit_times(costs, dec, "decode", tuple("ddr" for _ in names), permille)
+                 if u.name == "experts"]
+    return priced, dec.decode.units[names.index("experts")], dec.decode.steps
+
+
 @pytest.mark.parametrize("batch, beside", [(1, 28.0), (8, 28.0), (8, 0.0), (1, 500.0)])
 def test_split_experts_cpu_reads_beside_the_copies_by_hand(batch, beside):
     """Eq. 21c on Mixtral-8x7B's experts unit (4 experts on the CPU from DDR, 4 streamed when routed): the CPU side
@@ -591,17 +603,8 @@ def test_split_experts_cpu_reads_beside_the_copies_by_hand(batch, beside):
     base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=2e-4, ddr_shared_gb_per_s=500.0)
     hw = dataclasses.replace(base, cpu_expert_beside_copy_gb_per_s=beside)
 
-    def experts(profile):
-        costs = annotate_costs(trace_model(cfg), profile, Workload(batch, 128, 4), BUDGETS)
-        dec = costs.layer_class("decoder")
-        names = [u.name for u in dec.decode.units]
-        permille = tuple(500 if n == "experts" else 0 for n in names)
-        (priced,) = [u for u in unit_times(costs, dec, "decode", tuple("ddr" for _ in names), permille)
-                     if u.name == "experts"]
-        return priced, dec.decode.units[names.index("experts")], dec.decode.steps
-
-    priced, unit, steps = experts(hw)
-    plain, _, _ = experts(base)
+    priced, unit, steps = _half_split_experts(cfg, hw, batch)
+    plain, _, _ = _half_split_experts(cfg, base, batch)
     ddr = TIERS.index("ddr")
     extra = []
     for step in range(steps):
@@ -637,17 +640,8 @@ def test_split_experts_ddr_term_at_the_experts_shared_rate(batch, experts_rate):
     base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=2e-4, ddr_shared_gb_per_s=95.0)
     hw = dataclasses.replace(base, ddr_shared_experts_gb_per_s=experts_rate)
 
-    def experts(profile):
-        costs = annotate_costs(trace_model(cfg), profile, Workload(batch, 128, 4), BUDGETS)
-        dec = costs.layer_class("decoder")
-        names = [u.name for u in dec.decode.units]
-        permille = tuple(500 if n == "experts" else 0 for n in names)
-        (priced,) = [u for u in unit_times(costs, dec, "decode", tuple("ddr" for _ in names), permille)
-                     if u.name == "experts"]
-        return priced, dec.decode.units[names.index("experts")], dec.decode.steps
-
-    priced, unit, steps = experts(hw)
-    plain, _, _ = experts(base)
+    priced, unit, steps = _half_split_experts(cfg, hw, batch)
+    plain, _, _ = _half_split_experts(cfg, base, batch)
     ddr, op = TIERS.index("ddr"), hw.runtime_op_seconds
     rate = experts_rate or base.ddr_shared_gb_per_s
     per_step = []
