@@ -223,6 +223,8 @@ def pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
     """
     n = points.shape[0]
     order = np.lexsort(np.vstack([np.arange(n)[None, :], points.T[::-1]]))
+    if points.shape[1] == 3:
+        return _pareto3(points, order, min(chunk, 32))
     kept_rows = np.empty((0, points.shape[1]))
     keep = np.zeros(n, dtype=bool)
     for start in range(0, n, chunk):
@@ -233,6 +235,32 @@ def pareto(points: np.ndarray, chunk: int = 256) -> np.ndarray:
         dominated |= np.tril(earlier, k=-1).any(axis=1)  # j before i in lexicographic order
         keep[rows[~dominated]] = True
         kept_rows = np.vstack([kept_rows, block[~dominated]])
+    return np.nonzero(keep)[0]
+
+
+def _pareto3(points: np.ndarray, order: np.ndarray, chunk: int) -> np.ndarray:
+    """`pareto` for three columns (seconds and two tracked tiers: the enumeration's states): the same rows, with
+    the earlier rows as a staircase. In lexicographic order a row is dominated exactly when an earlier row is no
+    larger in the last two columns (the first is no larger by the order; an identical earlier row counts), and
+    the least last column among earlier rows no larger in the middle one is read off the staircase of their
+    minimal (middle, last) pairs by a binary search, instead of comparing with every row kept so far."""
+    n = points.shape[0]
+    keep = np.zeros(n, dtype=bool)
+    stair_x, stair_y = np.empty(0), np.empty(0)  # middle ascending, last strictly descending
+    for start in range(0, n, chunk):
+        rows = order[start:start + chunk]
+        block = points[rows]
+        x, y = block[:, 1], block[:, 2]
+        at = np.searchsorted(stair_x, x, side="right") - 1  # the staircase's least last column with middle ≤ x
+        dominated = (at >= 0) & (stair_y[np.maximum(at, 0)] <= y) if stair_x.size else np.zeros(rows.size, dtype=bool)
+        earlier = np.all(block[None, :, :] <= block[:, None, :], axis=2)  # [i, j]: row j ≤ row i everywhere
+        dominated |= np.tril(earlier, k=-1).any(axis=1)  # j before i in lexicographic order
+        keep[rows[~dominated]] = True
+        xs, ys = np.concatenate([stair_x, x]), np.concatenate([stair_y, y])
+        by = np.lexsort((ys, xs))
+        xs, ys = xs[by], ys[by]
+        minimal = ys < np.concatenate([[np.inf], np.minimum.accumulate(ys)[:-1]])
+        stair_x, stair_y = xs[minimal], ys[minimal]
     return np.nonzero(keep)[0]
 
 

@@ -136,6 +136,26 @@ def test_frontier_of_states_holding_equal_bytes_per_layer_count(seed, monkeypatc
     kept_pareto = set(with_one[same[with_one]].tolist())
     assert len(kept_fast) < same.sum() and kept_fast == kept_pareto
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pareto_of_three_columns_is_the_brute_force_front(seed):
+    """`pareto` on three columns (the enumeration's states over two tracked tiers: the staircase path) keeps
+    exactly the rows no other row dominates, the first of identical rows: against an O(n²) comparison of every
+    pair, on small integer grids full of ties and on anti-correlated columns (large fronts), whatever the chunk."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n, high = int(rng.integers(0, 300)), int(rng.integers(1, 12))
+        points = rng.integers(0, high, size=(n, 3)).astype(np.float64)
+        if seed % 2:
+            points[:, 2] = high - points[:, 1] + rng.integers(0, 2, size=n)
+        le = np.all(points[None, :, :] <= points[:, None, :], axis=2)  # [i, j]: row j ≤ row i everywhere
+        equal = np.all(points[None, :, :] == points[:, None, :], axis=2)
+        earlier = np.arange(n)[None, :] < np.arange(n)[:, None]
+        beaten = (le & ~equal).any(axis=1) | (equal & earlier).any(axis=1)
+        expected = np.flatnonzero(~beaten)
+        for chunk in (256, 32, 5):
+            assert np.array_equal(ilp_knapsack.pareto(points, chunk), expected)
+
+
 def test_group_relaxation_settles_a_hard_instance():
     """Near-twin configurations (a few bytes apart) and many layers: the group relaxation (Gomory) settles it
     with few labels where the state enumeration alone exceeds a small cap."""
