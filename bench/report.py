@@ -13,9 +13,7 @@ once on every run (in-sample) and once on the prompt-128 runs only, judged on th
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -42,44 +40,21 @@ def _load(folder: Path, name: str, default=None):
     return json.loads(path.read_text()) if path.exists() else default
 
 
-def _unpack_plans(folder: Path) -> Path | None:
-    """The call's plans (plans.tar.gz, written by bench/h200.py's compile stage: plans/CONTENDER/pPROMPT/NAME.yaml),
-    unpacked into a temporary folder; None where the call compiled none."""
-    import tarfile
-
-    archive = folder / "plans.tar.gz"
-    if not archive.exists():
-        return None
-    target = Path(tempfile.mkdtemp(prefix=f"liac-report-{folder.name}-"))
-    atexit.register(shutil.rmtree, target, True)
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".yaml")]
-        tar.extractall(target, members=members, filter="data")
-    return target
-
-
-def _plan_path(plans: Path | None, plan_file: str | None) -> str | None:
-    """Where a run's plan (its `plan_file`, e.g. .device-plans/optimal/p128/NAME.yaml) lies among the call's
-    unpacked plans (plans/optimal/p128/NAME.yaml)."""
-    if plans is None or not plan_file:
-        return None
-    path = plans / "plans" / Path(*Path(plan_file).parts[1:])
-    return str(path) if path.exists() else None
-
-
-def same_plan(a: str | None, b: str | None) -> bool:
-    """Whether two plan files are one plan (`liac diff`: no semantic difference; names and profiles aside)."""
-    if not a or not b:
+def same_plan(a, b) -> bool:
+    """Whether two plans (OffloadPlan, or None where a call's plans are unknown) are one plan (`liac diff`: no
+    semantic difference; names and profiles aside)."""
+    if a is None or b is None:
         return False
     from liac.artifacts.diff import diff_plans
-    from liac.plan import load_plan
 
-    return not diff_plans(load_plan(a), load_plan(b), a, b).changes
+    return not diff_plans(a, b, a.metadata.name, b.metadata.name).changes
 
 
 def collect(folders: list[Path]) -> dict:
     """Every call's results, keyed by what they are; runs are tagged with their contender and point."""
-    runs, peers, floors, calls, floors_by_call = [], [], {}, [], {}
+    from reprice import load_call_plans
+
+    runs, peers, floors, calls, floors_by_call, plans_by_call = [], [], {}, [], {}, {}
     for folder in folders:
         summary = _load(folder, "summary.json", {})
         calls.append({"folder": folder.name, "boot_id": summary.get("boot_id"), "stages": summary.get("stages"),
@@ -87,7 +62,7 @@ def collect(folders: list[Path]) -> dict:
         index = summary.get("runs_index", [])
         contender_of = {Path(e["plan"]).name: e for e in index if e.get("contender") != "warmup"}
         finished = (_load(folder, "runs.json", {}) or {}).get("runs", [])
-        plans = _unpack_plans(folder)
+        plans_by_call[folder.name] = load_call_plans(folder)  # the plans the call compiled (plans.tar.gz)
         for position, run in enumerate(finished):
             if len(index) == len(finished):  # runs follow the index (a warm-up run shares its plan file)
                 entry = index[position]
@@ -98,15 +73,15 @@ def collect(folders: list[Path]) -> dict:
                     entry = dict(entry, contender=base + "@copies" if run.get("mapped_crossings") is False else base)
             if entry.get("contender") == "warmup":
                 continue
-            run = dict(run, contender=entry.get("contender", "?"), call=folder.name,
-                       plan_path=_plan_path(plans, run.get("plan_file")))
+            run = dict(run, contender=entry.get("contender", "?"), call=folder.name)
             runs.append(run)
         for peer in _load(folder, "peers.json", []) or []:
             peers.append(dict(peer, call=folder.name))
         for floor in _load(folder, "floor.json", []) or []:
             floors[(floor["prompt_len"], floor["batch"])] = floor
             floors_by_call.setdefault(folder.name, {})[(floor["prompt_len"], floor["batch"])] = floor
-    return {"runs": runs, "peers": peers, "floors": floors, "floors_by_call": floors_by_call, "calls": calls}
+    return {"runs": runs, "peers": peers, "floors": floors, "floors_by_call": floors_by_call, "calls": calls,
+            "plans_by_call": plans_by_call}
 
 
 def run_rows(data: dict) -> list[dict]:
@@ -115,8 +90,7 @@ def run_rows(data: dict) -> list[dict]:
     for run in data["runs"]:
         request = run["request"]
         row = {"contender": run["contender"], "prompt_len": request["prompt_len"], "batch": request["batch_size"],
-               "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"],
-               "plan_path": run.get("plan_path")}
+               "gen_len": request["gen_len"], "plan": run["plan"], "call": run["call"]}
         if "summary" in run:
             gpu = run["gpu"]
             footprint = gpu.get("peak_footprint_bytes")  # allocator peak + CUDA context (runs since issue 12)
@@ -212,7 +186,8 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> list[dict]:
+def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict,
+                plans_by_call: dict | None = None) -> list[dict]:
     """Per device call and point where the compiled plan ran: the plan (median over repeats, and the spread), the
     other contenders (`RIVALS`, each the median of its runs: an A B B A call runs each twice), the peers and the
     floor — all from that one call (the host's CPU side varies between starts). A contender whose plan is the
@@ -220,6 +195,7 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
     plan's (`same_plan_as`)."""
     out = []
     for call in sorted({r["call"] for r in rows}):
+        plans = (plans_by_call or {}).get(call, {})
         here = [r for r in rows if r["call"] == call and "decode_ms" in r]
         for prompt, batch in sorted({(r["prompt_len"], r["batch"]) for r in here if r["contender"] == "optimal"}):
             at = [r for r in here if (r["prompt_len"], r["batch"]) == (prompt, batch)]
@@ -227,7 +203,7 @@ def call_points(rows: list[dict], peers: list[dict], floors_by_call: dict) -> li
             rivals, same = {}, []
             for rival in sorted({r["contender"] for r in at if r["contender"] in RIVALS}):
                 theirs = [r for r in at if r["contender"] == rival]
-                if same_plan(mine[0].get("plan_path"), theirs[0].get("plan_path")):
+                if same_plan(plans.get(mine[0].get("plan")), plans.get(theirs[0].get("plan"))):
                     same.append(rival)  # the same plan under another policy's name: its runs are mine, no rival
                     mine = mine + theirs
                 else:
@@ -505,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
     plans = args.plans or [f / "plans" for f in args.folders if (f / "plans").exists()]
     calib = calibration(data, profile, plans, args.calibrated_profile) if profile else {}
-    points = call_points(rows, peers, data["floors_by_call"])
+    points = call_points(rows, peers, data["floors_by_call"], data["plans_by_call"])
     out = {"calls": data["calls"], "runs": rows, "peers": peers, "points": points,
            "floors": [dict(v, call=call, prompt_len=k[0], batch=k[1])
                       for call, floors in sorted(data["floors_by_call"].items()) for k, v in sorted(floors.items())],

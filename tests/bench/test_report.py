@@ -89,30 +89,29 @@ def test_rivals_are_the_issues_contenders_at_the_median_of_their_runs():
     assert "| 1 of 1 points |" in targets_summary([point], rows)  # 470 against whole's median 470 (its last: 500)
 
 
-def test_a_rival_that_is_the_same_plan_is_no_rival(tmp_path):
+def test_a_rival_that_is_the_same_plan_is_no_rival():
     """Where the whole-sublayer policy chose the compiled plan's placement (`liac diff`: no semantic difference,
     only the names differ), its runs are the compiled plan's runs, pooled: one plan cannot lose to itself. A rival
     with another placement stays a rival."""
-    import yaml
+    import dataclasses
 
+    from liac.plan import load_plan
     from report import same_plan
 
     base = ROOT / "plans" / "opt-30b.spr-a100"
-    one, other = sorted(base.glob("opt-30b.spr-a100.b*-p128-g32.yaml"))[:2]
-    doc = yaml.safe_load(one.read_text())
-    doc["metadata"]["name"] += ".whole"
-    renamed = tmp_path / "renamed.yaml"
-    renamed.write_text(yaml.safe_dump(doc, sort_keys=True))
-    assert same_plan(str(one), str(renamed)) and not same_plan(str(one), str(other))
-    assert not same_plan(str(one), None)
-    rows = [dict(_row("x", "optimal", 8, 430.0, 18.0), plan_path=str(one)),
-            dict(_row("x", "whole", 8, 410.0, 19.0), plan_path=str(renamed)),
-            dict(_row("x", "lia-gpu", 8, 700.0, 11.0), plan_path=str(other))]
-    (point,) = call_points(rows, [], {})
+    one, other = (load_plan(p) for p in sorted(base.glob("opt-30b.spr-a100.b*-p128-g32.yaml"))[:2])
+    renamed = dataclasses.replace(one, metadata=dataclasses.replace(one.metadata, name=one.metadata.name + ".whole"))
+    assert same_plan(one, renamed) and not same_plan(one, other)
+    assert not same_plan(one, None)
+    plans = {"x": {p.metadata.name: p for p in (one, renamed, other)}}
+    rows = [dict(_row("x", "optimal", 8, 430.0, 18.0), plan=one.metadata.name),
+            dict(_row("x", "whole", 8, 410.0, 19.0), plan=renamed.metadata.name),
+            dict(_row("x", "lia-gpu", 8, 700.0, 11.0), plan=other.metadata.name)]
+    (point,) = call_points(rows, [], {}, plans)
     assert point["same_plan_as"] == ["whole"] and set(point["others"]) == {"lia-gpu"}
     assert point["repeats"] == 2 and point["decode_ms"] == 420.0
     assert "yes / yes (the same plan as whole: runs pooled)" in targets_markdown([point])
     assert "| 1 of 1 points |" in targets_summary([point], rows)
-    rows[1]["plan_path"] = str(other)  # now whole is another plan, and the faster one
-    (point,) = call_points(rows, [], {})
+    rows[1]["plan"] = other.metadata.name  # now whole is another plan, and the faster one
+    (point,) = call_points(rows, [], {}, plans)
     assert point["same_plan_as"] == [] and point["others"]["whole"]["decode_ms"] == 410.0
