@@ -170,8 +170,7 @@ def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[flo
         if not host or not parts or run.get("expert_split") or run.get("plan") not in plans:
             continue
         plan = plans[run["plan"]]
-        if any(s.decode != "gpu" for g in plan.spec.layer_groups for s in g.sublayers if s.name != "experts"
-               and any(e.name == "experts" and e.decode != "gpu" for e in g.sublayers)):
+        if any(_cpu_beside_cpu_experts(g) for g in plan.spec.layer_groups):
             continue  # another unit's CPU work is in `between` (the chain prices it as that unit's compute)
         costs = plan_costs(plan, profile)
         others = next((chain_ops(cls.phase("decode"), "decode") for cls in costs.classes
@@ -186,6 +185,12 @@ def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[flo
     if not ops:
         raise SystemExit("reprice: no run measured the host's time per CPU part (experts.decode.host_ms_per_cpu_part)")
     return seconds / ops, used
+
+
+def _cpu_beside_cpu_experts(group) -> bool:
+    """Whether a layer group computes experts on the CPU at decode and another of its sublayers there too."""
+    cpu = [s.name for s in group.sublayers if s.decode != "gpu"]
+    return "experts" in cpu and len(cpu) > 1
 
 
 def ddr_experts_from_runs(runs: list[dict]) -> tuple[float, int]:
