@@ -63,6 +63,41 @@ def test_a_contender_at_copies_runs_the_same_plans_with_crossings_copied(tmp_pat
                                                                     "optimal@copies", "optimal"]
 
 
+def test_warm_point_runs_each_points_first_plan_once_untimed_before_its_runs(tmp_path, monkeypatch):
+    """--warm-point: before a point's A B B A, one run of its first plan tagged 'warmup' (the first run of a point
+    decoded 5-20 % slower than later runs of the same plan, and the compiled plan always runs first); the report
+    leaves it out, so each contender is judged on its own two runs."""
+    import json
+
+    import run_plans
+    from report import collect
+
+    seen = []
+    monkeypatch.setattr(run_plans, "run_plans", lambda specs, **kw: seen.extend(specs))
+    args = argparse.Namespace(out=str(tmp_path / "out"), profile=None, plans_dir=str(tmp_path / "plans"),
+                              deadline_s=600.0, reserve_s=10.0, compile_for_call=False, abba=True, warm_point=True,
+                              repeats=1, contenders=["optimal", "whole"], points=[(128, 1), (1024, 1)],
+                              measure_gen_len=4, max_run_seconds=60.0, profile_steps=0, emulate=True,
+                              timeline_batches=())
+    bench = Bench(args)
+    bench.summary["plans"] = [{"contender": c, "prompt_len": p, "batch": 1, "plan": f"{c}-{p}.yaml"}
+                              for p in (128, 1024) for c in ("optimal", "whole")]
+    bench.runs()
+    assert [s.plan for s in seen] == ["optimal-128.yaml", "optimal-128.yaml", "whole-128.yaml", "whole-128.yaml",
+                                      "optimal-128.yaml", "optimal-1024.yaml", "optimal-1024.yaml",
+                                      "whole-1024.yaml", "whole-1024.yaml", "optimal-1024.yaml"]
+    index = bench.summary["runs_index"]
+    assert [e["contender"] for e in index][:5] == ["warmup", "optimal", "whole", "whole", "optimal"]
+    out = tmp_path / "out"
+    runs = [{"plan_file": e["plan"], "summary": {"decode_ms_per_token": 900.0 if n in (0, 5) else 400.0},
+             "request": {"prompt_len": e["prompt_len"], "batch_size": 1}} for n, e in enumerate(index)]
+    (out / "runs.json").write_text(json.dumps({"runs": runs}))
+    (out / "summary.json").write_text(json.dumps({"runs_index": index}))
+    kept = collect([out])["runs"]
+    assert len(kept) == 8 and {r["contender"] for r in kept} == {"optimal", "whole"}
+    assert all(r["summary"]["decode_ms_per_token"] == 400.0 for r in kept)  # the warm-up runs are left out
+
+
 def test_abba_runs_each_contender_first_once_and_last_once():
     """--abba: a point's contenders in order, then reversed, so each runs once first and once last."""
     from h200 import abba, main
