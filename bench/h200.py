@@ -23,8 +23,9 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
            run-profile.yaml (the profile with those fields replaced), which floor uses
   runs     bench/run_plans.py over the plans on ONE set of random weights, point by point in --points order (all
-           contenders of a point, then the next: put the points that matter most first; with --abba in order then
-           in reverse, A B B A), each engine warmed up at
+           contenders of a point in --contenders order, then the next point: put the points that matter most first;
+           with --abba in order then in reverse, A B B A; with --warm-point after one untimed run of the point's
+           first plan), each engine warmed up at
            its run's shapes and its first request timed; no run starts that would end past --deadline-s → runs.json
            (per run: prefill ms, decode ms/token, tokens/s, load and warm-up seconds, the GPU footprint against the
            plan's budget, per-sublayer measured vs predicted times; with --timeline-batches, a torch.profiler
@@ -313,7 +314,7 @@ class Bench:
         from run_plans import RunSpec, run_plans
 
         plans = self.summary.get("plans") or json.loads((self.out / "summary.json").read_text())["plans"]
-        order = {c: i for i, c in enumerate((*CONTENDERS, "shipped-profile"))}
+        order = {c: i for i, c in enumerate(self.args.contenders)}  # a point's runs in the order --contenders gives
         by_point: dict[tuple[int, int], list[dict]] = {}
         for entry in plans:
             for contender in self.args.contenders:  # 'optimal@copies' runs the plans compiled as 'optimal'
@@ -322,8 +323,8 @@ class Bench:
                         dict(entry, contender=contender))
         specs, index = [], []
         for point in self.args.points:  # the order of --points: what matters most first
-            entries = sorted(by_point.pop(point, []),
-                             key=lambda e: (order.get(contender_parts(e["contender"])[0], 99), e["contender"]))
+            entries = sorted(by_point.pop(point, []), key=lambda e: (order.get(e["contender"], len(order)),
+                                                                   e["contender"]))
             if getattr(self.args, "warm_point", False) and entries:  # one untimed run of the point first
                 specs.append(RunSpec(entries[0]["plan"], gen_len=self.args.measure_gen_len))
                 index.append(dict(entries[0], contender="warmup"))

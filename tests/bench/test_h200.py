@@ -98,6 +98,25 @@ def test_warm_point_runs_each_points_first_plan_once_untimed_before_its_runs(tmp
     assert all(r["summary"]["decode_ms_per_token"] == 400.0 for r in kept)  # the warm-up runs are left out
 
 
+def test_a_points_runs_follow_the_contenders_order_given(tmp_path, monkeypatch):
+    """--contenders whole,optimal runs the whole plan first (2026-12-03's i12ord asked for that and got the compiled
+    plan first: the script had its own order)."""
+    import run_plans
+
+    seen = []
+    monkeypatch.setattr(run_plans, "run_plans", lambda specs, **kw: seen.extend(specs))
+    args = argparse.Namespace(out=str(tmp_path / "out"), profile=None, plans_dir=str(tmp_path / "plans"),
+                              deadline_s=600.0, reserve_s=10.0, compile_for_call=False, abba=True, repeats=1,
+                              contenders=["whole", "lia-cpu", "optimal"], points=[(128, 1)], measure_gen_len=4,
+                              max_run_seconds=60.0, profile_steps=0, emulate=True, timeline_batches=())
+    bench = Bench(args)
+    bench.summary["plans"] = [{"contender": c, "prompt_len": 128, "batch": 1, "plan": f"{c}.yaml"}
+                              for c in ("optimal", "whole", "lia-cpu")]
+    bench.runs()
+    assert [s.plan for s in seen] == ["whole.yaml", "lia-cpu.yaml", "optimal.yaml", "optimal.yaml", "lia-cpu.yaml",
+                                      "whole.yaml"]
+
+
 def test_abba_runs_each_contender_first_once_and_last_once():
     """--abba: a point's contenders in order, then reversed, so each runs once first and once last."""
     from h200 import abba, main
