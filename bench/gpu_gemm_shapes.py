@@ -20,6 +20,8 @@ import torch
 
 
 def _median_seconds(fn, repeats: int = 10) -> float:
+    """Median GPU time of `fn` between CUDA events (not liac.probe's wall clock around a synchronise, whose
+    ~10-20 µs of launch and sync would weigh on the 0.05-0.5 ms products at few rows)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
