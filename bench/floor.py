@@ -15,7 +15,8 @@ no per-model table):
          K = KV-cache bytes it reads, F = its FLOPs. Embedding lookups (a few rows, KB per step) are left
          out.
   * The GPU budget holds R weight bytes and a share f of the KV cache (whole generation): R + f·K_store ≤ budget
-    − reserved. Everything else lives in DDR: N_w = W·(1 − R/W_store) weight bytes and N_k = (1 − f)·K bytes of KV
+    − reserved, where reserved is what the process holds whatever the plan (a benchmark call's footprint stage
+    measures the CUDA context and library workspaces: `process_bytes`; a budget is the whole footprint). Everything else lives in DDR: N_w = W·(1 − R/W_store) weight bytes and N_k = (1 − f)·K bytes of KV
     must each step either be read by the CPU (which then computes with them) or be copied over PCIe.
   * offload(N_w, N_k) = the least t with a split such that
         CPU:  x_w / r_cw + x_k / r_ck ≤ t     r_cw = min(DDR read rate, AMX FLOP/s at the step's rows / FLOPs per
@@ -45,7 +46,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-__all__ = ["StepWork", "Floor", "step_work", "offload_seconds", "step_floor", "workload_floor", "main"]
+__all__ = ["StepWork", "Floor", "step_work", "offload_seconds", "step_floor", "workload_floor", "process_bytes", "main"]
 
 _ATTENTION = ("attention_score", "softmax", "attention_context")
 
@@ -197,6 +198,18 @@ def _decode_points(batch: int, prompt_len: int, gen_len: int) -> list[tuple[int,
     return [phase_point("decode", batch, prompt_len, step) for step in range(gen_len - 1)]
 
 
+def process_bytes(footprint: dict | None) -> float:
+    """The GPU memory the process holds whatever the plan, from a call's footprint stage (bench/h200.py
+    `measure_call_footprint`: the CUDA context with its loaded kernels and the GEMM libraries' workspaces, as
+    measured, without the margin `liac profile` adds for kernels loaded later) → bytes; 0 where it did not run.
+
+    A budget is the whole footprint (issue 12, deliverable 1: `--gpu-mem` bounds the context and the workspaces
+    too), so no plan can keep weights in these bytes: the floor takes them out of the budget and stays a bound."""
+    if not footprint:
+        return 0.0
+    return float(footprint.get("context_bytes", 0) or 0) + float(footprint.get("library_bytes", 0) or 0)
+
+
 def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_budget_bytes: float,
                    reserved_bytes: float = 0.0) -> Floor:
     """The floor of one workload point (see the module docstring).
@@ -206,7 +219,8 @@ def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_bud
         hw: the HardwareProfile measured in the same run.
         batch, prompt_len, gen_len: the workload (gen_len new tokens, the first from the prefill).
         gpu_budget_bytes: GPU memory for weights and KV cache.
-        reserved_bytes: part of the budget kept for activations and buffers (0: the most optimistic bound).
+        reserved_bytes: part of the budget no plan can give to weights or KV (a benchmark call passes the measured
+            CUDA context and library workspaces, `process_bytes`; 0: the most optimistic bound).
     """
     from liac.ir import phase_point
 
@@ -258,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=32)
     parser.add_argument("--gpu-budget-gib", type=float, default=24.0)
-    parser.add_argument("--reserved-gib", type=float, default=0.0, help="budget kept for activations (default 0)")
+    parser.add_argument("--reserved-gib", type=float, default=0.0,
+                        help="budget no plan can give to weights or KV, e.g. the measured CUDA context (default 0)")
     args = parser.parse_args(argv)
     from liac.errors import LiacError
     from liac.models import resolve_model

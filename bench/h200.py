@@ -39,7 +39,9 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            The runs leave it --rates-after-s; with less than that left it is skipped, the reason recorded
   floor    bench/floor.py for every point with the measured profile → floor.json; where rates-after ran, per field
            the FASTER of the two probes (the higher GB/s or TFLOP/s, the shorter sync): a floor must stay a lower
-           bound on step time, and the slower probe would raise it above what the faster machine state allows
+           bound on step time, and the slower probe would raise it above what the faster machine state allows;
+           where the footprint stage ran, the budget less the CUDA context and library workspaces it measured
+           (floor.process_bytes: bytes no plan can give to weights; floor.json's reserved_bytes)
   footprint  the GPU footprint `liac profile` measures (runtime/footprint.py: CUDA context, library workspaces,
            the activation peak of small runs against Eq. 14's model) → summary.json's 'footprint', and its fields
            in run-profile.yaml
@@ -405,7 +407,7 @@ class Bench:
             write_atomic(self.out / "peers.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
 
     def floor(self) -> None:
-        from floor import workload_floor
+        from floor import process_bytes, workload_floor
 
         from liac.models import resolve_model
         from liac.passes import trace_model
@@ -415,11 +417,13 @@ class Bench:
         hw = load_profile(run_profile if run_profile.exists() else self.profile_path)
         hw = self._floor_profile(hw)
         graph = trace_model(resolve_model(self.args.model))
+        reserved = process_bytes(self.summary.get("footprint"))  # measured in this call, else 0
         floors = []
         for prompt, batch in self.args.points:
             f = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
-                               gpu_budget_bytes=self.args.gpu_budget_gib * GIB)
-            floors.append({"prompt_len": prompt, "batch": batch, "profile": hw.name, **_plain(f)})
+                               gpu_budget_bytes=self.args.gpu_budget_gib * GIB, reserved_bytes=reserved)
+            floors.append({"prompt_len": prompt, "batch": batch, "profile": hw.name, "reserved_bytes": reserved,
+                           **_plain(f)})
         from liac.fileio import write_atomic
 
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")

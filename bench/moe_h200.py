@@ -36,7 +36,8 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
   6. peers      bench/peers/accelerate_opt.py on the same model shape: Accelerate's device_map offload with pinned
                 CPU weights at --peer-batches, then (time allowing) its default pageable weights at batch 1 →
                 peers.json
-  7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json
+  7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json; the budget
+                less the CUDA context and workspaces the footprint stage measured (floor.process_bytes)
 `--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
 `--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
@@ -457,7 +458,7 @@ class MoeBench:
             write_atomic(self.out / "peers.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
 
     def floor(self) -> None:
-        from floor import workload_floor
+        from floor import process_bytes, workload_floor
 
         from liac.fileio import write_atomic
         from liac.passes import trace_model
@@ -465,11 +466,12 @@ class MoeBench:
 
         hw = resolve_profile(str(self.profile) if self.profile.exists() else BASE_PROFILE)
         graph = trace_model(self.cfg)
+        reserved = process_bytes(self.summary.get("footprint"))  # measured in this call, else 0
         floors = []
         for batch in self.args.batches:
             f = workload_floor(graph, hw, batch=batch, prompt_len=self.args.prompt_len, gen_len=self.args.gen_len,
-                               gpu_budget_bytes=int(self.args.gpu_budget_gib * GIB))
-            floors.append({"batch": batch, "profile": hw.name, **dataclasses.asdict(f)})
+                               gpu_budget_bytes=int(self.args.gpu_budget_gib * GIB), reserved_bytes=reserved)
+            floors.append({"batch": batch, "profile": hw.name, "reserved_bytes": reserved, **dataclasses.asdict(f)})
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")
 
     def batch1_model(self, plan: dict) -> dict | None:

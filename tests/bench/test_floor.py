@@ -146,3 +146,22 @@ def test_no_compiled_plan_beats_the_floor():
         assert predicted.decode_seconds_per_token >= floor.decode_seconds_per_token
         # and the bound is not vacuous: within a small factor of the cost model's best plan
         assert predicted.decode_seconds_per_token <= 3 * floor.decode_seconds_per_token
+
+
+def test_the_process_footprint_raises_the_floor_and_sums_context_and_workspaces():
+    """process_bytes reads a footprint record (context + library workspaces; nothing measured → 0), and reserving
+    those bytes can only raise the floor: fewer weights fit beside them (OPT-1.3B at a budget that offloads)."""
+    from floor import process_bytes, workload_floor
+
+    from liac.models import resolve_model
+    from liac.passes.trace import trace_model
+    from liac.profile import resolve_profile
+
+    assert process_bytes(None) == 0.0 and process_bytes({}) == 0.0
+    assert process_bytes({"context_bytes": 700, "library_bytes": 35, "runs": []}) == 735.0
+    graph, hw = trace_model(resolve_model("opt-1.3b")), resolve_profile("spr-h100")
+    free = workload_floor(graph, hw, batch=1, prompt_len=128, gen_len=4, gpu_budget_bytes=1.5 * 2**30)
+    held = workload_floor(graph, hw, batch=1, prompt_len=128, gen_len=4, gpu_budget_bytes=1.5 * 2**30,
+                          reserved_bytes=0.5 * 2**30)
+    assert held.resident_weight_bytes == pytest.approx(free.resident_weight_bytes - 0.5 * 2**30, rel=1e-6)
+    assert held.decode_seconds_per_token > free.decode_seconds_per_token

@@ -247,3 +247,32 @@ def test_a_contender_without_the_split_start_is_compiled_apart(tmp_path):
     named = {p["contender"]: yaml.safe_load(open(p["plan"])) for p in plans}
     assert named["optimal+nostart"]["metadata"]["name"] != named["optimal"]["metadata"]["name"]
     assert "-nostart" in named["optimal+nostart"]["metadata"]["name"]
+
+
+def test_the_floor_leaves_out_the_process_footprint_measured_in_the_call(tmp_path, monkeypatch):
+    """The footprint stage measures the CUDA context and library workspaces; the floor stage takes those bytes out
+    of the budget (no plan can keep weights there) and records them; without a footprint stage it reserves 0."""
+    import json
+
+    import h200
+    import torch
+
+    from importlib import resources
+
+    PROFILE = resources.files("liac") / "profiles" / "spr-h100.yaml"
+
+    record = {"context_bytes": 800 * 2**20, "library_bytes": 30 * 2**20, "runs": [], "decode_step_seconds": [],
+              "profile_fields": {"gpu_context_mib": 992.0, "gpu_library_workspace_mib": 30.0,
+                                 "gpu_activation_factor": 2.0, "runtime_op_seconds": 1e-4}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(h200, "measure_call_footprint", lambda profile: record)
+    seen = []
+    monkeypatch.setattr("floor.workload_floor", lambda graph, hw, **kw: seen.append(kw) or {"seconds": 1.0})
+    out = tmp_path / "out"
+    assert h200.main(["--out", str(out), "--profile", str(PROFILE), "--stages", "footprint,floor",
+                      "--points", "128:1"]) == 0
+    assert seen[0]["reserved_bytes"] == 830 * 2**20
+    assert json.loads((out / "floor.json").read_text())[0]["reserved_bytes"] == 830 * 2**20
+    assert h200.main(["--out", str(tmp_path / "bare"), "--emulate", "--profile", str(PROFILE), "--stages", "floor",
+                      "--points", "128:1"]) == 0
+    assert seen[1]["reserved_bytes"] == 0.0
