@@ -16,18 +16,23 @@ no per-model table):
          out.
   * The GPU budget holds R weight bytes and a share f of the KV cache (whole generation): R + f·K_store ≤ budget
     − reserved, where reserved is what the process holds whatever the plan (a benchmark call's footprint stage
-    measures the CUDA context and library workspaces: `process_bytes`; a budget is the whole footprint). Everything else lives in DDR: N_w = W·(1 − R/W_store) weight bytes and N_k = (1 − f)·K bytes of KV
-    must each step either be read by the CPU (which then computes with them) or be copied over PCIe.
+    measures the CUDA context and library workspaces: `process_bytes`; a budget is the whole footprint).
+    Everything else lives in DDR: N_w = W·(1 − R/W_store) weight bytes and N_k = (1 − f)·K bytes of KV must each
+    step either be read by the CPU (which then computes with them) or be copied over PCIe.
   * offload(N_w, N_k) = the least t with a split such that
         CPU:  x_w / r_cw + x_k / r_ck ≤ t     r_cw = min(DDR read rate, AMX FLOP/s at the step's rows / FLOPs per
                                                weight byte), r_ck likewise with the KV read rate
         PCIe: (N_w − x_w + N_k − x_k) / r_h2d ≤ t
-    so with one kind of bytes: offload = N / (r_cpu + r_h2d): both paths at once, each at its own measured rate.
-    The profile's `ddr_shared_gb_per_s` does not cap them: it is what DDR served a CPU GEMV beside pinned H2D copies
-    (the rates probe: the GEMV's rate beside the copies plus theirs), a property of that pair of readers, not DDR's
-    limit. On the H200 the fused CPU attention beside the weight stream drew 113 GB/s (OPT-30B, prompt 1024, batch
-    32: 85 GB a step in 748-754 ms) where the probe measured 97, and the floor capped at 97 (824 ms) lay above both
-    runs (bench/results/h200-2026-12-02/i12q).
+    and DDR serving each kind's CPU reader beside the copies at the rate the call measured for that pair (the
+    profile's `ddr_shared_gb_per_s`: a CPU GEMV beside pinned H2D copies, the two rates summed; and
+    `ddr_shared_kv_gb_per_s`: the fused attention beside them, 0 = not measured, no cap). As an LP over the time
+    spent in each state (the CPU on weights beside the copies, on KV beside them, the copies alone), each second the
+    CPU reads a kind adds at most min(r_c, s_pair − r_h2d) bytes to the copies' r_h2d (`paired_seconds_per_byte`),
+    so with one kind of bytes: offload = N / min(r_cpu + r_h2d, s_pair). The pairs are per kind because they differ:
+    on the H200 the fused CPU attention beside the weight stream drew 113 GB/s (OPT-30B, prompt 1024, batch 32: 85 GB
+    a step in 748-754 ms) where the GEMV pair measured 97, and a floor capping every byte at 97 (824 ms) lay above
+    both runs (bench/results/h200-2026-12-02/i12q). `paired=False` gives the floor before 2026-12-03: each path at
+    its own rate alone, which no run on the H200 approached (the DDR both paths share serves less than their sum).
   * step floor = max(offload, (W·R/W_store + f·K) / HBM rate, F / (GPU FLOP/s + CPU FLOP/s),
                      prefill only: (1 − f)·KV written / D2H rate). Prefill attention reads the K, V it has just
     produced, not the cache: there N_k = 0 and all of K counts in the HBM term.
@@ -170,18 +175,41 @@ def offload_seconds(weight_bytes: float, kv_bytes: float, cpu_weight_seconds_per
     return max(root, total / shared_bytes_per_s)
 
 
+def paired_seconds_per_byte(cpu_seconds_per_byte: float, pair_bytes_per_s: float, h2d_bytes_per_s: float) -> float:
+    """CPU seconds per byte of one kind that count toward the floor when DDR serves that kind's CPU reader and the
+    PCIe copies together at `pair_bytes_per_s` (0 or inf: not measured, no cap).
+
+    While the CPU reads a kind beside the copies, the two move at most the pair's rate s together, the CPU at most
+    its own rate r and the copies at most h; the copies alone move h. So each second the CPU reads that kind adds
+    at most min(r, s − h) bytes to what the copies alone would move (nothing when s ≤ h), and `offload_seconds`
+    with these per-byte seconds is the least time of the LP over the time spent in each state (the CPU on weights
+    beside the copies, on KV beside them, the copies alone): a bound the measured pairs allow, no tighter."""
+    if not pair_bytes_per_s or math.isinf(pair_bytes_per_s):
+        return cpu_seconds_per_byte
+    gain = pair_bytes_per_s - h2d_bytes_per_s
+    if gain <= 0:
+        return math.inf
+    return max(cpu_seconds_per_byte, 1.0 / gain)
+
+
 def step_floor(work: StepWork, hw, resident_weight_bytes: float, kv_share: float,
-               prefill: bool) -> tuple[float, str]:
-    """(seconds, binding term) of one step with `resident_weight_bytes` and a KV share `kv_share` on the GPU."""
+               prefill: bool, paired: bool = True) -> tuple[float, str]:
+    """(seconds, binding term) of one step with `resident_weight_bytes` and a KV share `kv_share` on the GPU;
+    `paired`: the CPU's reads beside the copies at the pair rates the profile measured (module docstring), else
+    each path at its own rate alone."""
     ratio = work.weight_bytes / work.weight_store_bytes if work.weight_store_bytes else 0.0
     resident_read = ratio * min(resident_weight_bytes, work.weight_store_bytes)
     offloaded_weights = max(work.weight_bytes - resident_read, 0.0)
     # Prefill attention reads the K, V it has just produced (on the device computing it), never the cache.
     offloaded_kv = 0.0 if prefill else (1.0 - kv_share) * work.kv_read_bytes
     resident_kv = work.kv_read_bytes if prefill else kv_share * work.kv_read_bytes
+    h2d = hw.pcie_h2d_gb_per_s * 1e9
+    per_weight, per_kv = work.cpu_weight_seconds_per_byte, work.cpu_kv_seconds_per_byte
+    if paired:
+        per_weight = paired_seconds_per_byte(per_weight, hw.ddr_shared_gb_per_s * 1e9, h2d)
+        per_kv = paired_seconds_per_byte(per_kv, hw.ddr_shared_kv_gb_per_s * 1e9, h2d)
     terms = {
-        "offload": offload_seconds(offloaded_weights, offloaded_kv, work.cpu_weight_seconds_per_byte,
-                                   work.cpu_kv_seconds_per_byte, hw.pcie_h2d_gb_per_s * 1e9),
+        "offload": offload_seconds(offloaded_weights, offloaded_kv, per_weight, per_kv, h2d),
         "hbm": (resident_read + resident_kv) / (hw.gpu_hbm_gb_per_s * 1e9),
         "compute": work.flops / (hw.gpu_bf16_tflops * 1e12 + work.cpu_tflops * 1e12),
     }
@@ -211,7 +239,7 @@ def process_bytes(footprint: dict | None) -> float:
 
 
 def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_budget_bytes: float,
-                   reserved_bytes: float = 0.0) -> Floor:
+                   reserved_bytes: float = 0.0, paired: bool = True) -> Floor:
     """The floor of one workload point (see the module docstring).
 
     Args:
@@ -221,6 +249,8 @@ def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_bud
         gpu_budget_bytes: GPU memory for weights and KV cache.
         reserved_bytes: part of the budget no plan can give to weights or KV (a benchmark call passes the measured
             CUDA context and library workspaces, `process_bytes`; 0: the most optimistic bound).
+        paired: the CPU's reads beside the copies at the DDR pair rates the profile measured (the default);
+            False: each path at its own rate alone (the floor before 2026-12-03, a looser bound).
     """
     from liac.ir import phase_point
 
@@ -232,8 +262,8 @@ def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_bud
 
     def evaluate(share: float):
         resident = min(store, room - share * kv_store)
-        first, first_bound = step_floor(prefill, hw, resident, share, prefill=True)
-        steps = [step_floor(w, hw, resident, share, prefill=False) for w in decode]
+        first, first_bound = step_floor(prefill, hw, resident, share, prefill=True, paired=paired)
+        steps = [step_floor(w, hw, resident, share, prefill=False, paired=paired) for w in decode]
         return first + sum(s for s, _ in steps), first, steps, resident
 
     top = 1.0 if kv_store <= 0 else min(1.0, room / kv_store)
@@ -254,7 +284,7 @@ def workload_floor(graph, hw, batch: int, prompt_len: int, gen_len: int, gpu_bud
     if evaluate(middle)[0] < values[best]:
         share = middle
     total, first, steps, resident = evaluate(share)
-    prefill_bound = step_floor(prefill, hw, resident, share, prefill=True)[1]
+    prefill_bound = step_floor(prefill, hw, resident, share, prefill=True, paired=paired)[1]
     bounds = [b for _, b in steps]
     decode_seconds = sum(s for s, _ in steps)
     per_token = decode_seconds / len(steps) if steps else 0.0

@@ -422,8 +422,11 @@ class Bench:
         for prompt, batch in self.args.points:
             f = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
                                gpu_budget_bytes=self.args.gpu_budget_gib * GIB, reserved_bytes=reserved)
+            alone = workload_floor(graph, hw, batch=batch, prompt_len=prompt, gen_len=self.args.gen_len,
+                                   gpu_budget_bytes=self.args.gpu_budget_gib * GIB, paired=False)
             floors.append({"prompt_len": prompt, "batch": batch, "profile": hw.name, "reserved_bytes": reserved,
-                           **_plain(f)})
+                           **_plain(f), "paths_alone": {k: v for k, v in _plain(alone).items()
+                                                        if k in ("decode_seconds_per_token", "prefill_seconds")}})
         from liac.fileio import write_atomic
 
         write_atomic(self.out / "floor.json", json.dumps(floors, indent=1, sort_keys=True) + "\n")

@@ -271,8 +271,9 @@ def test_the_floor_leaves_out_the_process_footprint_measured_in_the_call(tmp_pat
     out = tmp_path / "out"
     assert h200.main(["--out", str(out), "--profile", str(PROFILE), "--stages", "footprint,floor",
                       "--points", "128:1"]) == 0
-    assert seen[0]["reserved_bytes"] == 830 * 2**20
+    assert seen[0]["reserved_bytes"] == 830 * 2**20 and seen[0].get("paired", True)
+    assert seen[1]["paired"] is False and "reserved_bytes" not in seen[1]  # the paths-alone floor, for comparison
     assert json.loads((out / "floor.json").read_text())[0]["reserved_bytes"] == 830 * 2**20
     assert h200.main(["--out", str(tmp_path / "bare"), "--emulate", "--profile", str(PROFILE), "--stages", "floor",
                       "--points", "128:1"]) == 0
-    assert seen[1]["reserved_bytes"] == 0.0
+    assert seen[2]["reserved_bytes"] == 0.0
