@@ -13,6 +13,7 @@ once on every run (in-sample) and once on the prompt-128 runs only, judged on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -50,8 +51,38 @@ def same_plan(a, b) -> bool:
     return not diff_plans(a, b, a.metadata.name, b.metadata.name).changes
 
 
-def collect(folders: list[Path]) -> dict:
-    """Every call's results, keyed by what they are; runs are tagged with their contender and point."""
+def refloor(folder: Path, floors: list[dict]) -> list[dict]:
+    """A call's floor.json entries recomputed with today's bench/floor.py at the call's own rates (run-profile.yaml)
+    and the footprint its footprint stage measured (summary.json): calls made before the floor's definition changed
+    (2026-12-03: the DDR pairs, the reserved footprint) read against the floor of today. Each entry keeps what the
+    call wrote under 'as_written'."""
+    from floor import process_bytes, workload_floor
+
+    from liac.models import resolve_model
+    from liac.passes.trace import trace_model
+    from liac.profile import resolve_profile
+
+    if not floors or not (folder / "run-profile.yaml").exists():
+        return floors
+    summary = _load(folder, "summary.json", {}) or {}
+    argv = summary.get("argv") or []
+    model = argv[argv.index("--model") + 1] if "--model" in argv[:-1] else "opt-30b"
+    budget = float(argv[argv.index("--gpu-budget-gib") + 1]) if "--gpu-budget-gib" in argv[:-1] else 24.0
+    graph, hw = trace_model(resolve_model(model)), resolve_profile(str(folder / "run-profile.yaml"))
+    reserved = process_bytes(summary.get("footprint"))
+    out = []
+    for entry in floors:
+        steps = round(entry["decode_seconds"] / entry["decode_seconds_per_token"]) if entry.get(
+            "decode_seconds_per_token") else 31
+        f = workload_floor(graph, hw, batch=entry["batch"], prompt_len=entry["prompt_len"], gen_len=steps + 1,
+                           gpu_budget_bytes=budget * 2**30, reserved_bytes=reserved)
+        out.append({**entry, **dataclasses.asdict(f), "reserved_bytes": reserved, "as_written": entry})
+    return out
+
+
+def collect(folders: list[Path], refloor_calls: bool = False) -> dict:
+    """Every call's results, keyed by what they are; runs are tagged with their contender and point
+    (`refloor_calls`: each call's floors recomputed with today's definition, `refloor`)."""
     from reprice import load_call_plans
 
     runs, peers, floors, calls, floors_by_call, plans_by_call = [], [], {}, [], {}, {}
@@ -77,7 +108,8 @@ def collect(folders: list[Path]) -> dict:
             runs.append(run)
         for peer in _load(folder, "peers.json", []) or []:
             peers.append(dict(peer, call=folder.name))
-        for floor in _load(folder, "floor.json", []) or []:
+        written = _load(folder, "floor.json", []) or []
+        for floor in (refloor(folder, written) if refloor_calls else written):
             floors[(floor["prompt_len"], floor["batch"])] = floor
             floors_by_call.setdefault(folder.name, {})[(floor["prompt_len"], floor["batch"])] = floor
     return {"runs": runs, "peers": peers, "floors": floors, "floors_by_call": floors_by_call, "calls": calls,
@@ -471,12 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=Path, nargs="*", help="folders holding the plans that ran")
     parser.add_argument("--calibrated-profile", type=Path, help="write the in-sample calibrated profile here (YAML)")
     parser.add_argument("--tables", type=Path, help="write the Markdown tables here (docs/benchmarks.md embeds them)")
+    parser.add_argument("--refloor", action="store_true", help="recompute each call's floors with today's "
+                        "bench/floor.py at the call's rates and footprint (what the call wrote kept as 'as_written')")
     parser.add_argument("--md", type=Path, help=f"and put them into this page, between its '{BEGIN}' and '{END}' "
                         "lines")
     args = parser.parse_args(argv)
     if args.md:
         page_parts(args.md)  # a page without its markers: one line, nothing written
-    data = collect(args.folders)
+    data = collect(args.folders, refloor_calls=args.refloor)
     rows, peers = run_rows(data), peer_rows(data)
     profile = args.profile or next((f / "profile.yaml" for f in args.folders if (f / "profile.yaml").exists()), None)
     plans = args.plans or [f / "plans" for f in args.folders if (f / "plans").exists()]

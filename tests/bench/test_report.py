@@ -115,3 +115,33 @@ def test_a_rival_that_is_the_same_plan_is_no_rival():
     rows[1]["plan"] = other.metadata.name  # now whole is another plan, and the faster one
     (point,) = call_points(rows, [], {}, plans)
     assert point["same_plan_as"] == [] and point["others"]["whole"]["decode_ms"] == 410.0
+
+
+def test_refloor_recomputes_a_calls_floors_at_its_rates_and_footprint():
+    """--refloor: a committed call's floors with today's definition (the DDR pairs, the measured footprint kept
+    out of the budget) are never below what the call wrote with the paths alone, and equal a direct workload_floor
+    at the call's run-profile; what the call wrote stays under 'as_written'."""
+    import json
+    from pathlib import Path
+
+    import floor as fl
+    import report
+
+    from liac.models import resolve_model
+    from liac.passes.trace import trace_model
+    from liac.profile import resolve_profile
+
+    folder = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200-2026-12-03" / "i12wp"
+    written = json.loads((folder / "floor.json").read_text())
+    again = report.refloor(folder, written)
+    assert len(again) == len(written) == 3
+    footprint = json.loads((folder / "summary.json").read_text())["footprint"]
+    reserved = footprint["context_bytes"] + footprint["library_bytes"]
+    for old, new in zip(written, again):
+        assert new["as_written"] == old and new["reserved_bytes"] == reserved
+        assert new["decode_seconds_per_token"] > old["decode_seconds_per_token"]
+    direct = fl.workload_floor(trace_model(resolve_model("opt-30b")), resolve_profile(str(folder / "run-profile.yaml")),
+                               batch=1, prompt_len=128, gen_len=32, gpu_budget_bytes=24 * 2**30,
+                               reserved_bytes=reserved)
+    first = next(f for f in again if (f["batch"], f["prompt_len"]) == (1, 128))
+    assert first["decode_seconds_per_token"] == direct.decode_seconds_per_token
