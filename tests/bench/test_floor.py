@@ -221,3 +221,35 @@ def test_the_process_footprint_raises_the_floor_and_sums_context_and_workspaces(
                           reserved_bytes=0.5 * 2**30)
     assert held.resident_weight_bytes == pytest.approx(free.resident_weight_bytes - 0.5 * 2**30, rel=1e-6)
     assert held.decode_seconds_per_token > free.decode_seconds_per_token
+
+
+def test_the_mixtral_floor_lies_under_every_measured_run_of_its_call():
+    """The Mixtral calls on the H200 (bench/moe_h200.py, 2026-12-02: the model's layers and GPU budget from each
+    call's summary.json, its rates and footprint): the floor with the DDR pairs and the reserved footprint lies
+    under every batch's fastest run (the experts a step touches, as the floor counts them)."""
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200-2026-12-02"
+    checked = 0
+    for folder in sorted(results.glob("moe*")):
+        summary_path = folder / "summary.json"
+        if not (folder / "runs.json").exists() or not (folder / "run-profile.yaml").exists() \
+                or not summary_path.exists():
+            continue
+        summary = json.loads(summary_path.read_text())
+        graph = trace_model(resolve_model("mixtral-8x7b").with_layers(summary["layers"]))
+        hw = resolve_profile(str(folder / "run-profile.yaml"))
+        reserved = fl.process_bytes(summary.get("footprint"))
+        best: dict = {}
+        for run in json.loads((folder / "runs.json").read_text())["runs"]:
+            measured = (run.get("summary") or {}).get("decode_ms_per_token")
+            if measured:
+                batch = run["request"]["batch_size"]
+                best[batch] = min(best.get(batch, measured), measured)
+        for batch, measured in best.items():
+            floor = fl.workload_floor(graph, hw, batch, 128, 32, summary["gpu_budget_gib"] * GIB,
+                                      reserved_bytes=reserved)
+            assert floor.decode_seconds_per_token * 1e3 < measured, (folder.name, batch)
+            checked += 1
+    assert checked >= 15
