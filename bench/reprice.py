@@ -470,8 +470,10 @@ def _recompile(folder: Path, profile, plans: dict, batches: list[int]) -> list[d
                        for s in g.sublayers if s.prefill == "split"]
             attention = sum(g.layer_count for g in plan.spec.layer_groups
                             if {s.name for s in g.sublayers if s.decode == "cpu"} >= ATTENTION_UNITS)
+            routers = sum(g.layer_count for g in plan.spec.layer_groups
+                          for s in g.sublayers if s.name == "router" and s.decode == "cpu")
             out.append({"batch": plan.spec.workload.batch_size, "prompt": prompt_len,
-                        "cpu_attention_layers": attention,
+                        "cpu_attention_layers": attention, "cpu_router_layers": routers,
                         "decode_ms": plan.status.predicted.decode_seconds_per_token * 1e3,
                         "whole_decode_ms": whole_ms.get(plan.spec.workload.batch_size),
                         "prefill_ms": plan.status.predicted.prefill_seconds * 1e3,
@@ -636,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{pick['prefill_ms']:.1f} ms predicted (the whole-unit optimum: decode "
                   f"{cell(pick['whole_decode_ms'], 0)}); {pick['split_units']} split units per decode step "
                   f"({pick['splits']}), {pick['prefill_split_units']} in the prefill ({pick['prefill_splits']}); "
-                  f"decode attention on the CPU in {pick['cpu_attention_layers']} layers\n")
+                  f"decode attention on the CPU in {pick['cpu_attention_layers']} layers, the router in "
+                  f"{pick['cpu_router_layers']}\n")
     if units:
         out.write(f"{'plan':44s} {'group':>10s} {'layers':>6s} {'units':>8s} {'decode ms per layer: measured':>29s} "
                   f"{'(CPU part, GPU part)':>20s} {'planned':>8s} {'repriced':>9s} {'error':>7s}\n")

@@ -395,8 +395,6 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
         cpu_side, unit_seconds = cpu, None
         chain = beside_cpu > 0 and cpu_count > 0  # Eq. 21d: the layer's host chain beside the CPU part
         own_ops = EXPERT_SPLIT_OPS if both else 1
-        if chain:
-            cpu_side = cpu + (gpu_count * routed + own_ops + other_ops) * beside_cpu
         if both:
             # Eq. 21b: the host dispatches the GPU's routed experts before it computes the CPU's, an op each (Eq. 24)
             if not chain:
@@ -405,6 +403,12 @@ def _expert_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.n
                 unit_seconds = (cpu_count + streamed) * one_expert / (expert_ddr_shared_gb_per_s(costs) * GB)
                 cpu_side = cpu_side + expert_reads_beside_copies(cpu_count * one_expert, unit.expert_slot_bytes,
                                                                  costs)  # Eq. 21c
+        if chain:
+            # Eq. 21d: the DDR term is how long the CPU part itself takes (its reads wait for DDR beside the copies);
+            # the host chain follows it on the one host thread, so it adds to it rather than hiding under it
+            if unit_seconds is not None:
+                cpu_side, unit_seconds = np.maximum(cpu_side, unit_seconds), None
+            cpu_side = cpu_side + (gpu_count * routed + own_ops + other_ops) * beside_cpu
         slower = np.maximum(cpu_side, gpu_side)
         if unit_seconds is not None:
             slower = np.maximum(slower, unit_seconds)

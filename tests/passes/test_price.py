@@ -663,16 +663,20 @@ def test_split_experts_ddr_term_at_the_experts_shared_rate(batch, experts_rate):
     assert hw.sha256() != base.sha256() or experts_rate == 0.0
 
 
-@pytest.mark.parametrize("batch, beside_cpu", [(1, 3e-4), (8, 3e-4), (1, 0.0)])
-def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
+@pytest.mark.parametrize("batch, beside_cpu, ddr", [(1, 3e-4, 500.0), (8, 3e-4, 500.0), (8, 3e-4, 60.0),
+                                                   (1, 0.0, 500.0), (8, 0.0, 60.0)])
+def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu, ddr):
     """Eq. 21d on Mixtral-8x7B's experts unit at decode (4 experts on the CPU from DDR, 4 streamed when routed):
     with o_c (`runtime_op_seconds_beside_cpu`) the CPU side carries the layer's host ops at o_c each, i.e. the
     GPU's routed experts dispatched (4 · E_hit/E), the unit's own EXPERT_SPLIT_OPS and one op per other unit of the
     layer (`chain_ops`), in the max against the GPU side; the other units' Eq. 24 ops are taken back from the unit
-    (they are inside that CPU side), so the layer's chain is the other units' kernels plus this max. An all-CPU
-    unit carries its one op instead of EXPERT_SPLIT_OPS. o_c = 0 prices Eq. 21b exactly and hashes as before."""
+    (they are inside that CPU side), so the layer's chain is the other units' kernels plus this max. The CPU part
+    itself lasts the longer of its kernels and Eq. 21b's DDR term (its reads wait for DDR beside the copies), and
+    the chain comes after it on the host thread: at 60 GB/s, where the DDR term binds at batch 8, the chain adds to
+    that term instead of hiding under it. An all-CPU unit carries its one op instead of EXPERT_SPLIT_OPS. o_c = 0
+    prices Eq. 21b exactly (the DDR term in the max beside the CPU and GPU sides) and hashes as before."""
     cfg = ZOO["mixtral-8x7b"].with_layers(2)
-    base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=1.2e-4, ddr_shared_gb_per_s=500.0)
+    base = dataclasses.replace(resolve_profile("h200-amx16"), runtime_op_seconds=1.2e-4, ddr_shared_gb_per_s=ddr)
     hw = dataclasses.replace(base, runtime_op_seconds_beside_cpu=beside_cpu)
     costs = annotate_costs(trace_model(cfg), hw, Workload(batch, 128, 4), BUDGETS)
     dec = costs.layer_class("decoder")
@@ -683,6 +687,7 @@ def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
     tiers = tuple("ddr" for _ in names)
     ddr = TIERS.index("ddr")
     o, oc = hw.runtime_op_seconds, beside_cpu
+    binds = []  # at 60 GB/s, batch 8: the DDR term binds, and the chain beyond it
     for cpu_experts, permille in ((4, 500), (8, 1000)):
         per_step = []
         for step in range(dec.decode.steps):
@@ -698,14 +703,17 @@ def test_host_chain_beside_a_cpu_part_by_hand(batch, beside_cpu):
             else:
                 gpu, both, sync, own = 0.0, 0.0, 0.0, 1
             if oc:
-                side = cpu + (streamed * routed + own + others) * oc
-                per_step.append(max(max(side, gpu, both) + sync - others * o, 0.0))
+                side = max(cpu, both) + (streamed * routed + own + others) * oc
+                per_step.append(max(max(side, gpu) + sync - others * o, 0.0))
+                if ddr == 60.0 and batch == 8 and streamed:
+                    binds.append(both > cpu and both + (streamed * routed + own + others) * oc > gpu)
             else:
                 side = cpu + streamed * routed * o
                 per_step.append(max(side, gpu, both) + sync + own * o)
         permilles = tuple(permille if n == "experts" else 0 for n in names)
         (priced,) = [u for u in unit_times(costs, dec, "decode", tiers, permilles) if u.name == "experts"]
         assert priced.compute_seconds == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
+    assert all(binds) and bool(binds) == (ddr == 60.0 and batch == 8 and oc > 0)
     # the prefill keeps Eq. 21b (its chain is priced per micro-batch; the tally measured decode only)
     plain = annotate_costs(trace_model(cfg), base, Workload(batch, 128, 4), BUDGETS)
     prefill = [u.compute_seconds for u in unit_times(plain, plain.layer_class("decoder"), "prefill", tiers,
