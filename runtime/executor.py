@@ -851,12 +851,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         return [(gate_up[first:last], gate_up[F + first:F + last]), down[:, first:last]]
 
     def gpu_experts(routed: list[int], cut: tuple[int, int] | None):
+        # the routed experts' first copies are issued before the resident experts' launches: DDR and PCIe serve
+        # them while the host launches, and the CPU part, after both, has fewer copy bytes beside its reads
+        staged = streamer.routed_experts(stream_unit, routed, lambda e: host_expert(e, cut, "gpu")) if routed else ()
         for expert in range(run.hbm):
             yield expert, resident[0][expert], resident[1][expert]
-        if routed:
-            for expert, (gate_up, down) in streamer.routed_experts(stream_unit, routed,
-                                                                   lambda e: host_expert(e, cut, "gpu")):
-                yield expert, gate_up, down
+        for expert, (gate_up, down) in staged:
+            yield expert, gate_up, down
 
     def part(device: str, vals: dict, counts: list[int], routed: list[int],
              cut: tuple[int, int] | None = None) -> torch.Tensor:

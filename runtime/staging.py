@@ -152,8 +152,10 @@ class Streamer:
     def routed_experts(self, stream_unit: StreamUnit, experts: list[int],
                        sources: Callable[[int], list[torch.Tensor]]) -> Iterator[tuple[int, list[torch.Tensor]]]:
         """Copy the routed `experts` (their host tensors: `sources(expert)`) through the stream unit's expert slots
-        (see the module docstring); yields (expert, its staged tensors) once its copy is on the compute stream's
-        side. The caller computes with them before asking for the next one."""
+        (see the module docstring); the returned iterator yields (expert, its staged tensors) once its copy is on the
+        compute stream's side. The caller computes with them before asking for the next one. The first copies (one
+        per slot) are issued by this call itself, not at the iterator's first step: a caller launches other work
+        (the GPU's resident experts) while they run."""
         n = len(stream_unit.expert_slots)
         backend, stream = self.backend, self.expert_stream
         pieces = {expert: sources(expert) for expert in experts}
@@ -179,13 +181,16 @@ class Streamer:
 
         for position in range(min(n, len(experts))):
             issue(position)
-        for position, expert in enumerate(experts):
-            slot = position % n
-            events[slot][0].wait()
-            yield expert, staged[position]
-            events[slot][1].record()  # its compute is enqueued: the slot may be refilled after it
-            if position + n < len(experts):
-                issue(position + n)
+
+        def staged_experts() -> Iterator[tuple[int, list[torch.Tensor]]]:
+            for position, expert in enumerate(experts):
+                slot = position % n
+                events[slot][0].wait()
+                yield expert, staged[position]
+                events[slot][1].record()  # its compute is enqueued: the slot may be refilled after it
+                if position + n < len(experts):
+                    issue(position + n)
+        return staged_experts()
 
     # -- the protocol -------------------------------------------------------------------------------------------
     def start(self, stream_units: tuple[StreamUnit, ...], batch: int, past: int) -> None:

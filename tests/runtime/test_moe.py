@@ -171,6 +171,54 @@ def test_only_routed_experts_are_copied(checkpoints, reference, family):
     assert any(s & set(range(1, 4)) for passes in streamed for s in passes[1:])
 
 
+def test_routed_copies_are_issued_before_the_resident_experts_launch(checkpoints, reference, monkeypatch):
+    """The GPU part of an experts op issues its routed experts' first copies (one per expert slot) before it
+    launches its resident experts (`Streamer.routed_experts` issues them when called): the copies then run while
+    the host launches, not after. Checked on the stream log beside each GPU-part expert computed, with HF's
+    tokens."""
+    import liac.models.mixtral as mixtral
+    import liac.runtime.executor as executor
+
+    directory, cfg = checkpoints("mixtral")
+    log: list = []
+    engine = Engine.from_plan(make_plan(cfg, "gpu", weights_tier="ddr", experts=ExpertPlacement(2, 1, 3)),
+                              directory, backend=make_test_backend("emulated"), dtype=torch.float32, stream_log=log,
+                              expert_share=1.0)
+    partial, ffn = executor.experts_partial, mixtral.expert_ffn
+
+    def gpu_partial(h, routing, experts, linear=None, block_rows=None):
+        if block_rows is None:  # the CPU part
+            return partial(h, routing, experts, linear)
+        log.append(("gpu part",))
+        try:
+            return partial(h, routing, experts, linear, block_rows)
+        finally:
+            log.append(("gpu part end",))
+
+    def logged_ffn(gate_up, down, x, linear=None):
+        log.append(("ffn",))
+        return ffn(gate_up, down, x, linear)
+
+    monkeypatch.setattr(executor, "experts_partial", gpu_partial)
+    monkeypatch.setattr(mixtral, "expert_ffn", logged_ffn)
+    log.clear()
+    out = engine.generate(PROMPT, NEW_TOKENS)
+    assert torch.equal(out.token_ids, reference("mixtral")[2])
+    parts, part = [], None
+    for entry in log:
+        if entry[0] == "gpu part":
+            part = []
+        elif entry[0] == "gpu part end":
+            parts.append(part)
+            part = None
+        elif part is not None and entry[0] in ("ffn", "expert"):
+            part.append(entry[0])
+    # parts with a resident expert computed and a routed expert copied: the copy is issued first
+    both = [p for p in parts if "ffn" in p and "expert" in p]
+    assert len(both) > NEW_TOKENS
+    assert all(p[0] == "expert" for p in both)
+
+
 def test_routed_host_experts_are_shared_by_the_ratio():
     from liac.runtime.schedule import ExpertRun
 
