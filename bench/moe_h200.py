@@ -43,7 +43,8 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
 ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True),
 `--split-ab` each optimum again cutting a decode step's last CPU expert by features between the CPU and PCIe
-(expert_split=True). Each A/B flag runs A B B A (the optimum, the variant twice, the optimum again as
+(expert_split=True), `--launcher-ab` each optimum again launching its split experts ops' GPU part from a second
+host thread while the CPU part runs (expert_launcher=True). Each A/B flag runs A B B A (the optimum, the variant twice, the optimum again as
 'optimal@no-TAG'), so that a plan's faster later runs do not favour the side that runs second; the table prints each
 side's two runs and means. On the device a warm-up run precedes the first run at each batch size ('warmup',
 'warmup:bN'; the first run at a batch paid one-off costs of ~0.5 s in the 2026-12-02 calls).
@@ -375,7 +376,8 @@ class MoeBench:
         # again as 'optimal@no-cut'; the table's A/B lines: `ab_pairs`).
         variants = [("auto", "share_ab", {"expert_share": "auto"}),  # the share following the CPU (runtime/moe.py)
                     ("wake", "wake_ab", {"cpu_wake": True}),  # the CPU's team woken before the routing read
-                    ("cut", "split_ab", {"expert_split": True})]  # the last CPU expert cut by features
+                    ("cut", "split_ab", {"expert_split": True}),  # the last CPU expert cut by features
+                    ("launch", "launcher_ab", {"expert_launcher": True})]  # the GPU part launched beside the CPU's
         for tag, flag, option in variants:
             for batch in (p["batch"] for p in plans if p["contender"] == "optimal") if getattr(self.args, flag,
                                                                                               False) else ():
@@ -515,7 +517,8 @@ class MoeBench:
                    "gpu_peak_gib": _gpu_peak_gib(run), "host_cpu": run.get("host_cpu"),
                    "expert_share": ((run.get("metrics") or {}).get("backend") or {}).get("expert_share"),
                    "experts": (run.get("metrics") or {}).get("experts"), "cpu_wake": run.get("cpu_wake", False),
-                   "expert_split": run.get("expert_split", False)}
+                   "expert_split": run.get("expert_split", False),
+                   "expert_launcher": run.get("expert_launcher", False)}
             if "decode_seconds_per_token" in floor:
                 row["floor_decode_ms_per_token"] = round(floor["decode_seconds_per_token"] * 1e3, 3)
                 row["floor_prefill_ms"] = round(floor["prefill_seconds"] * 1e3, 3)
@@ -658,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-ab", action="store_true",
                         help="run each optimum A B B A with a decode step's last CPU expert cut by features between "
                              "the CPU and PCIe (Engine expert_split=True) as B, beside experts whole")
+    parser.add_argument("--launcher-ab", action="store_true",
+                        help="run each optimum A B B A with its split experts ops' GPU part launched from a second "
+                             "host thread beside the CPU part (Engine expert_launcher=True) as B, beside launching "
+                             "it first on the one host thread")
     parser.add_argument("--share-ab", action="store_true",
                         help="run each optimum A B B A with the expert share following the CPU parts (Engine "
                              "expert_share='auto') as B, beside the default measured at load and kept ('load')")

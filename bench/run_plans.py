@@ -84,6 +84,7 @@ class RunSpec:
     cpu_wake: bool | None = None  # Engine.from_plan(cpu_wake=...) for this run; None: the engine's default
     mapped_crossings: bool | None = None  # Engine.from_plan(mapped_crossings=...); None: the engine's default
     expert_split: bool | None = None  # Engine.from_plan(expert_split=...) for this run; None: the engine's default
+    expert_launcher: bool | None = None  # Engine.from_plan(expert_launcher=...) for this run; None: the default
 
 
 def estimate_seconds(predicted, work, batch: int, prompt_len: int, gen_len: int, profile_steps: int,
@@ -306,6 +307,8 @@ def run_plans(runs: list[RunSpec], *, seed: int = 0, out: str | os.PathLike | No
                 share["mapped_crossings"] = record["mapped_crossings"] = run.mapped_crossings
             if run.expert_split is not None:
                 share["expert_split"] = record["expert_split"] = run.expert_split
+            if run.expert_launcher is not None:
+                share["expert_launcher"] = record["expert_launcher"] = run.expert_launcher
             try:
                 engine = Engine.from_plan(plan, weights=host, backend=backend, warm_up=(batch, prompt_len), **share)
             except BaseException:

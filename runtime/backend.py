@@ -96,6 +96,11 @@ class Backend:
     def on_stream(self, stream):
         return contextlib.nullcontext()
 
+    def compute_stream(self):
+        """The calling thread's current stream on the GPU (None without streams): another host thread that launches
+        work for this one enters it (`on_stream`), since the current stream is per thread."""
+        return None
+
     def event(self):
         return _NullEvent()
 
@@ -228,6 +233,9 @@ class CudaBackend(Backend):
 
     def on_stream(self, stream):
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def compute_stream(self):
+        return torch.cuda.current_stream(self.devices["gpu"])
 
     def event(self):
         return torch.cuda.Event()

@@ -130,6 +130,7 @@ class _Options:
     cpu_wake: bool = False
     mapped_crossings: bool = True
     expert_split: bool = False
+    expert_launcher: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,8 @@ class Engine:
                   stream_log: list | None = None, cpu_kernel: str = "auto", tokenizer=None,
                   enforce_budget: bool = True, warm_up: bool | tuple[int, int] = True,
                   expert_share: str | float = "load", cpu_wake: bool = False,
-                  mapped_crossings: bool = True, expert_split: bool = False) -> "Engine":
+                  mapped_crossings: bool = True, expert_split: bool = False,
+                  expert_launcher: bool = False) -> "Engine":
         """Check, allocate, load.
 
         Args:
@@ -278,6 +280,9 @@ class Engine:
                 plus the host's launches after it and the copies finish together (runtime/moe.py `ExpertSplit`;
                 needs the share's measured copy time: `expert_share` 'load' or 'auto' on a GPU). Off by default
                 until a device run measures it.
+            expert_launcher: True: an MoE experts op with both a CPU and a GPU part hands the GPU part's launches
+                to a second host thread and computes the CPU part at once, instead of launching first
+                (runtime/executor.py `_Launcher`). Off by default until a device run measures it.
 
         Raises:
             LiacError: anything wrong with the plan, the weights or the host, before or instead of a crash.
@@ -287,7 +292,8 @@ class Engine:
                                                             and expert_share > 0)):
             raise ValueError(f"expert_share must be 'auto', 'load', 'off' or a positive number, got {expert_share!r}")
         options = _Options(emulate_gpu, backend, dtype, progress, stream_log, cpu_kernel, enforce_budget, warm_up,
-                           expert_share, bool(cpu_wake), bool(mapped_crossings), bool(expert_split))
+                           expert_share, bool(cpu_wake), bool(mapped_crossings), bool(expert_split),
+                           bool(expert_launcher))
         began = time.perf_counter()
         plan, source = resolve_plan(plan)
         if isinstance(weights, HostWeights):
@@ -411,7 +417,7 @@ class Engine:
             streamer = Streamer(backend, buffers, store, kv, dtype, options.stream_log)
             share = _expert_share(options.expert_share, backend, schedule, store, cpu_linear, buffers)
             executor = Executor(backend, schedule, plan.model_config, dtype, store, kv, streamer, cpu_linear[0],
-                                share, options.cpu_wake, options.expert_split)
+                                share, options.cpu_wake, options.expert_split, options.expert_launcher)
             backend.synchronize()
             if budget.enforced:  # loading's temporaries are gone: check the workspace, then cap the allocator
                 backend.release_cached()
@@ -450,7 +456,8 @@ class Engine:
             main = self.executor
             self._executors[planned] = Executor(self.backend, schedule, self.cfg, self.dtype, self.store, main.kv,
                                                 main.streamer, self.cpu_linear[0], main.expert_share,
-                                                main.cpu_wake is not None, main.expert_split is not None)
+                                                main.cpu_wake is not None, main.expert_split is not None,
+                                                main.expert_launcher is not None)
         return self._executors[planned]
 
     def close(self) -> None:

@@ -166,8 +166,12 @@ class Executor:
 
     def __init__(self, backend: Backend, schedule: Schedule, cfg: ModelConfig, dtype: torch.dtype,
                  tensors, kv: KVCache, streamer: Streamer, cpu_linear: str | None = None,
-                 expert_share: ExpertShare | None = None, cpu_wake: bool = False, expert_split: bool = False):
+                 expert_share: ExpertShare | None = None, cpu_wake: bool = False, expert_split: bool = False,
+                 expert_launcher: bool = False):
         self.backend, self.schedule, self.cfg, self.dtype = backend, schedule, cfg, dtype
+        # a split experts op's GPU part launched from a second host thread while this one computes the CPU part
+        # (`_Launcher`); None: launched here first (`Engine.from_plan(expert_launcher=False)`)
+        self.expert_launcher = _Launcher(backend) if expert_launcher else None
         self.expert_tally = ExpertTally()  # per phase: CPU experts, their bytes and host seconds, experts streamed
         # a decode step's last CPU expert cut by features so that the CPU (with the host's chain) and PCIe finish
         # together (runtime/moe.py ExpertSplit); None: experts whole (`Engine.from_plan(expert_split=False)`)
@@ -304,6 +308,8 @@ class Executor:
         """Drop the bound modules (the engine is closing; they hold views of its arenas)."""
         self._bound.clear()
         self.programs = {}
+        if self.expert_launcher is not None:
+            self.expert_launcher.close()
 
     # -- passes -------------------------------------------------------------------------------------------------
     def forward(self, phase: str, ids: torch.Tensor, start: int, timings: dict | None = None, *,
@@ -872,7 +878,7 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
         return experts_partial(flat, routing, ((e, *host_expert(e, cut)) for e in routed), kernels[device])
 
     devices = sorted(run.devices(), key=("gpu", "cpu").index)  # GPU launches return at once: the CPU works meanwhile
-    backend, tally, phase = ex.backend, ex.expert_tally, ex._phase
+    backend, tally, phase, launcher = ex.backend, ex.expert_tally, ex._phase, ex.expert_launcher
     expert_bytes = sum(t[0].numel() * t.element_size() for t in host) if host else 0  # one host expert's weights
     wake = ex.cpu_wake if run.cpu else None
     # a decode step's CPU expert cut by features between the CPU and PCIe (runtime/moe.py ExpertSplit), in a layer
@@ -909,6 +915,13 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
             # a device none of whose experts is routed this step adds nothing: no part, no zeros to merge (at batch 1
             # with the share, one device in a quarter of the steps of a layer with 5 CPU and 2 streamed experts)
             busy = [d for d in devices if on[d] or (d == "gpu" and any(counts[:run.hbm]))] or devices[:1]
+            launched = None
+            if launcher is not None and len(busy) == 2:
+                # the GPU part's launches on the launcher thread, beside the CPU part here; joined before the merge
+                began = time.perf_counter()
+                launched = launcher.submit(part, "gpu", vals, counts, on["gpu"], cut)
+                host["dispatch"] = time.perf_counter() - began
+                busy = ["cpu"]
             for device in busy:
                 if device == "cpu":
                     began = time.perf_counter()
@@ -921,6 +934,8 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
                     began = time.perf_counter()
                     partial[device] = part(device, vals, counts, on[device], cut)
                     host["dispatch"] = time.perf_counter() - began
+            if launched is not None:
+                partial["gpu"] = launched.result()  # the launches done (not the GPU's work): the merge waits here
         else:  # the profiling pass: the routing's host time, the GPU part's events, the CPU part's time
             routed = time.perf_counter() - began
             start = backend.timing_event()
@@ -960,6 +975,38 @@ def _experts_step(ex: Executor, op: Op, stream_unit: StreamUnit | None) -> Step:
                       len(on["gpu"]) if "gpu" in devices else 0, host, cut is not None)
         frame.experts_end = ended  # the next experts op of this pass times the host's work between them
     return step
+
+
+class _Launcher:
+    """A second host thread that launches a split experts op's GPU part while the main thread computes its CPU
+    part (`Engine.from_plan(expert_launcher=True)`).
+
+    At decode the GPU part's launches (a dozen torch calls per routed or resident expert, the routed copies'
+    issues) take the one host thread 0.5-2 ms per layer on the H200 before the CPU part may start, and the CPU part
+    binds there (docs/benchmarks.md, the Mixtral calls: 'dispatch'). Here the main thread hands them over and starts
+    the CPU part at once; the merge waits for the launches (`result`), not for the GPU. The launcher only enqueues
+    CUDA work, so it never opens an OpenMP team of its own beside the main thread's (two teams on the same cores
+    slowed a split's CPU GEMMs: /work/shared/hw/split-trace-2026-12-01); it runs in the submitting thread's
+    current stream and grad / inference mode (both are per thread). The torch calls release the GIL while they run,
+    as do the CPU part's GEMMs. Same ops in the same order on the compute stream: the same values."""
+
+    def __init__(self, backend: Backend):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.backend = backend
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liac-gpu-launch")
+
+    def submit(self, fn: Callable, *args):
+        stream, inference, grad = (self.backend.compute_stream(), torch.is_inference_mode_enabled(),
+                                   torch.is_grad_enabled())
+
+        def launch():
+            with self.backend.on_stream(stream), torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                return fn(*args)
+        return self.pool.submit(launch)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 class _CpuTeamWake:

@@ -194,14 +194,16 @@ def test_rates_stage_probes_the_expert_kernel_and_prices_it(tmp_path, monkeypatc
     assert "ddr_shared_experts_gb_per_s" not in profile.estimates
 
 
-@pytest.mark.parametrize("flag, tag, option", [("wake_ab", "wake", "cpu_wake"), ("split_ab", "cut", "expert_split")])
+@pytest.mark.parametrize("flag, tag, option", [("wake_ab", "wake", "cpu_wake"), ("split_ab", "cut", "expert_split"),
+                                               ("launcher_ab", "launch", "expert_launcher")])
 def test_an_ab_flag_runs_each_optimum_again_with_its_engine_option(tmp_path, monkeypatch, flag, tag, option):
-    """`--wake-ab` / `--split-ab`: after each optimum the same plan runs twice with Engine cpu_wake=True /
-    expert_split=True ('optimal@wake:bN', 'optimal@wake#2:bN' / '@cut'), then once more as the optimum
-    ('optimal@no-wake:bN' / 'optimal@no-cut:bN'): A B B A; a run's record carries the option to the table's row."""
+    """`--wake-ab` / `--split-ab` / `--launcher-ab`: after each optimum the same plan runs twice with Engine
+    cpu_wake=True / expert_split=True / expert_launcher=True ('optimal@wake:bN', 'optimal@wake#2:bN' / '@cut' /
+    '@launch'), then once more as the optimum ('optimal@no-wake:bN' / ...): A B B A; a run's record carries the
+    option to the table's row."""
     calls = []
     monkeypatch.setattr(moe_h200, "run_plans", lambda specs, **kw: calls.append(specs))
-    flags = {"wake_ab": False, "split_ab": False, flag: True}
+    flags = {"wake_ab": False, "split_ab": False, "launcher_ab": False, flag: True}
     bench = _bench(tmp_path, share_ab=False, threads_ab=[], measure_gen_len=4, profile_steps=0,
                    max_run_seconds=60.0, reserve_s=0.0, **flags)
     bench.summary["plans"] = [{"contender": c, "batch": b, "plan": f"{c}-{b}.yaml"}

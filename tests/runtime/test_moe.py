@@ -219,6 +219,48 @@ def test_routed_copies_are_issued_before_the_resident_experts_launch(checkpoints
     assert all(p[0] == "expert" for p in both)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("placement, split", [("mixed", False), ("crossed", False), ("mixed", True)])
+@pytest.mark.parametrize("family", MOE)
+def test_gpu_part_launched_beside_the_cpu_part_matches_hf_fp32(checkpoints, reference, family, placement, split,
+                                                                backend, monkeypatch):
+    """`Engine.from_plan(expert_launcher=True)` (runtime/executor.py `_Launcher`): an experts op with both a CPU
+    and a GPU part launches the GPU part from the launcher thread while the main thread computes the CPU part (the
+    CPU part never waits for the GPU's launches); HF's tokens and logits, with the routed experts shared and with a
+    cut expert. Every split GPU part of a timed pass ran on the launcher thread, every CPU part on the caller's."""
+    import threading
+
+    import liac.runtime.executor as executor
+
+    directory, cfg = checkpoints(family)
+    threads: dict[str, set[str]] = {"cpu": set(), "gpu": set()}
+    partial = executor.experts_partial
+
+    def which_thread(h, routing, experts, linear=None, block_rows=None):
+        threads["cpu" if block_rows is None else "gpu"].add(threading.current_thread().name)
+        return partial(h, routing, experts, linear, block_rows)
+
+    monkeypatch.setattr(executor, "experts_partial", which_thread)
+    engine = Engine.from_plan(_plan(cfg, placement), directory, backend=make_test_backend(backend),
+                              dtype=torch.float32, expert_share=1.0, expert_launcher=True, expert_split=split)
+    if split:  # the emulation measures no copy: a cut of 40 features, as the cut's own test makes it
+        splitter = executor.ExpertSplit(executor.ExpertShare(1.0, pcie_seconds=1e-3), engine.executor.expert_tally,
+                                        cfg.ffn_dim, rows=8)
+        monkeypatch.setattr(splitter, "features", lambda cpu, streamed, nbytes: 40)
+        engine.executor.expert_split = splitter
+    threads["cpu"].clear(), threads["gpu"].clear()
+    out = engine.generate(PROMPT, NEW_TOKENS, return_logits=True)
+    _, _, tokens, logits = reference(family)
+    assert torch.equal(out.token_ids, tokens)
+    torch.testing.assert_close(out.logits, logits, atol=2e-4, rtol=1e-4)
+    main = threading.current_thread().name
+    assert threads["cpu"] == {main}
+    assert any(name.startswith("liac-gpu-launch") for name in threads["gpu"])
+    if split:
+        assert out.experts["decode_cut_experts"] > 0
+    engine.close()
+
+
 def test_routed_host_experts_are_shared_by_the_ratio():
     from liac.runtime.schedule import ExpertRun
 
