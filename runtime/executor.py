@@ -22,9 +22,11 @@ team of its own competed with the main thread's for the same cores (/work/shared
 
 An MoE layer runs its router (`Router.route`: the normalised input, each token's experts and routing weights), then
 its experts op (`_experts_step`): the tokens are grouped by expert once per device (`group_by_expert`, the routing
-counts read on the host), the GPU's experts are launched first (resident ones from HBM, routed streamed ones as
-their copies land in the expert slots: `Streamer.routed_experts`), the CPU computes its experts from the host tier
-on the main thread meanwhile, and the partial sums are added to the residual on each device that reads the result
+counts read on the host), the GPU's experts are launched first (the routed ones' first copies issued, then the
+resident ones from HBM, then the routed streamed ones as their copies land in the expert slots:
+`Streamer.routed_experts`), the CPU computes its experts from the host tier on the main thread meanwhile (or, with
+`expert_launcher`, the GPU part is launched from a second host thread while the main thread starts the CPU part at
+once: `_Launcher`), and the partial sums are added to the residual on each device that reads the result
 (liac.models.mixtral's `experts_partial`: HF's math, expert by expert).
 """
 
