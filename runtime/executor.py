@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
 import torch
@@ -993,8 +994,6 @@ class _Launcher:
     as do the CPU part's GEMMs. Same ops in the same order on the compute stream: the same values."""
 
     def __init__(self, backend: Backend):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.backend = backend
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liac-gpu-launch")
 
