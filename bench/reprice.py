@@ -167,7 +167,8 @@ def chain_seconds_from_runs(runs: list[dict], plans: dict, profile) -> tuple[flo
     for run in runs:
         decode = (((run.get("metrics") or {}).get("experts") or {}).get("decode") or {})
         host, parts = decode.get("host_ms_per_cpu_part"), decode.get("cpu_parts") or 0
-        if not host or not parts or run.get("expert_split") or run.get("plan") not in plans:
+        if not host or not parts or run.get("expert_split") or run.get("expert_launcher") or \
+                run.get("plan") not in plans:  # a cut expert or the launcher thread: not the chain priced
             continue
         plan = plans[run["plan"]]
         if any(_cpu_beside_cpu_experts(g) for g in plan.spec.layer_groups):
@@ -206,6 +207,7 @@ def ddr_experts_from_runs(runs: list[dict]) -> tuple[float, int]:
         decode = (((run.get("metrics") or {}).get("experts") or {}).get("decode") or {})
         cpu, streamed = decode.get("cpu_experts") or 0, decode.get("streamed_experts") or 0
         if not cpu or not streamed or decode.get("cut_experts") or run.get("expert_split") or \
+                run.get("expert_launcher") or \
                 not decode.get("cpu_ms"):
             continue
         expert = decode["cpu_bytes"] / cpu

@@ -423,3 +423,29 @@ def test_split_start_from_the_runs_of_call_i12u():
         rows["bare"][b32]["repriced_decode_ms"] / rows["bare"][b32]["measured_decode_ms"] - 1)
     assert rows["late"][b32 + ".whole"] == rows["bare"][b32 + ".whole"]  # no split, no start
     assert reprice.main([str(call), "--split-start-from-runs"]) == 0
+
+
+def test_runs_with_the_launcher_thread_are_left_out_of_the_chain_and_ddr_fits():
+    """A run with `expert_launcher` (the GPU part launched from a second host thread: its dispatch leaves the CPU
+    part's path) measures another chain than Eq. 21d prices for the default runtime, and its CPU parts start
+    earlier beside the copies: `chain_seconds_from_runs` and `ddr_experts_from_runs` leave it out, as they leave out
+    a cut expert's runs."""
+    import copy
+    import json
+
+    from liac.profile import resolve_profile
+
+    profile = resolve_profile(str(CUT_CALL / "run-profile.yaml"))
+    plans = reprice.load_call_plans(CUT_CALL)
+    runs = json.loads((CUT_CALL / "runs.json").read_text())["runs"]
+    launched = copy.deepcopy(runs[1])  # the batch-1 optimum's second run, counted by both fits
+    launched["expert_launcher"] = True
+    launched["metrics"]["experts"]["decode"]["host_ms_per_cpu_part"]["dispatch"] = 0.01
+    launched["metrics"]["experts"]["decode"]["cpu_ms"] *= 0.5
+    assert reprice.chain_seconds_from_runs(runs + [launched], plans, profile) == \
+        reprice.chain_seconds_from_runs(runs, plans, profile)
+    assert reprice.ddr_experts_from_runs(runs + [launched]) == reprice.ddr_experts_from_runs(runs)
+    del launched["expert_launcher"]  # the same run counted: the fits move
+    assert reprice.chain_seconds_from_runs(runs + [launched], plans, profile) != \
+        reprice.chain_seconds_from_runs(runs, plans, profile)
+    assert reprice.ddr_experts_from_runs(runs + [launched]) != reprice.ddr_experts_from_runs(runs)
