@@ -82,7 +82,7 @@ FACTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "cpu_ddr_read": (("cpu_ddr_read_gb_per_s",), "CPU reading weights from DDR"),
     "cpu_amx": (("cpu_amx_bf16_tflops",), "CPU AMX throughput curve (every point)"),
     "cpu_kv_read": (("cpu_kv_read_gb_per_s",), "CPU decode attention over a DDR KV cache"),
-    "gpu_flops": (("gpu_bf16_tflops",), "GPU bf16 throughput"),
+    "gpu_flops": (("gpu_bf16_tflops", "gpu_gemm_bf16_tflops"), "GPU bf16 throughput (and its GEMM curve by rows)"),
     "gpu_hbm": (("gpu_hbm_gb_per_s",), "GPU HBM bandwidth"),
     "pcie_h2d": (("pcie_h2d_gb_per_s",), "PCIe host to device"),
     "pcie_d2h": (("pcie_d2h_gb_per_s",), "PCIe device to host"),
@@ -95,7 +95,7 @@ FACTORS: dict[str, tuple[tuple[str, ...], str]] = {
     "cpu_attention": (("cpu_attention_bf16_tflops",), "CPU attention in prefill (every point of its curve)"),
     "runtime_op": (("runtime_op_seconds",), "the runtime's host time per unit it runs (Eq. 24)"),
 }
-_CURVES = ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops")  # scaled point by point
+_CURVES = ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops", "gpu_gemm_bf16_tflops")  # scaled point by point
 _TIME_FIELDS = ("gpu_launch_seconds", "cpu_launch_seconds", "pcie_latency_seconds",
                 "split_sync_seconds", "runtime_op_seconds")  # a larger factor = slower
 

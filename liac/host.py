@@ -131,6 +131,11 @@ def profile_from_measurements(m, base: HardwareProfile, name: str, description: 
     if not gpu_present:
         measured("gpu_hbm_gib", 0.0, "no CUDA device: plans for this host run every sublayer on the CPU")
         fields["gpu_reserve_gib"] = 0.0
+    if m.gpu_gemm_tflops:
+        measured("gpu_gemm_bf16_tflops", tuple(CurvePoint(m=rows, tflops=stable_float(max(t, 1e-6), 4))
+                                               for rows, t in m.gpu_gemm_tflops),
+                 "bf16 F.linear on decoder-shaped weights (d→3d, d→d, d→4d, 4d→d; summed FLOPs over summed CUDA-event "
+                 "time) at M = " + ", ".join(str(r) for r, _ in m.gpu_gemm_tflops))
     if m.gpu_bf16_tflops is not None:
         for field, text in [("gpu_bf16_tflops", "8192³ bf16 matmul"), ("gpu_hbm_gb_per_s", "device copy, read+write"),
                             ("gpu_hbm_gib", "device total memory"), ("gpu_launch_seconds", "tiny kernel launches"),

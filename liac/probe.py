@@ -25,10 +25,22 @@ from liac.models.mixtral import expert_ffn
 from liac.sizes import GB, GIB, MIB
 
 __all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "expert_rates", "attention_curve",
-           "split_sync_seconds", "GEMM_ROWS", "ATTENTION_QUERIES", "EXPERT_IDLE_SECONDS",
+           "split_sync_seconds", "GEMM_ROWS", "GPU_GEMM_ROWS", "GPU_GEMM_HIDDEN", "GPU_GEMM_SUSTAIN_SECONDS",
+           "decoder_gemm_shapes", "gemm_curve", "ATTENTION_QUERIES", "EXPERT_IDLE_SECONDS",
            "EXPERT_ROUTE_SECONDS", "EXPERTS_BESIDE_COPIES", "experts_beside_copies_rate"]
 
 GEMM_ROWS = (1, 16, 32, 64, 128, 256, 1024)  # the AMX curve's M points
+# The GPU GEMM curve's M points (Eq. 1c): from where a decoder's weight GEMMs leave the HBM-bound GEMV (M ≈ 128 on an
+# H100/H200-class GPU) to a long prompt's micro-batch; below the first point the curve is clamped, which leaves a
+# GEMM of fewer rows priced by its bytes, as before (decode)
+GPU_GEMM_ROWS = (128, 256, 512, 1024, 2048, 4096, 8192)
+# The hidden sizes d whose decoder weight GEMMs (d→3d, d→d, d→4d, 4d→d) the GPU GEMM curve pools: generic shapes,
+# not one model's (a 4096 and an 8192 model, as Llama-class 7-8B and 70B, OPT-30B's 7168 between them)
+GPU_GEMM_HIDDEN = (4096, 8192)
+# Seconds each point of the GPU GEMM curve runs back to back before it is timed: a prefill runs its GEMMs for seconds
+# (OPT-30B at batch 256, prompt 128 on the H200: 3.2 s), and its timed passes at 2048-4096 rows a micro-batch ran
+# ~10 % below the burst rate of the same shapes (docs/cost-model.md Eq. 1c); 8 × 7 points: ~17 s
+GPU_GEMM_SUSTAIN_SECONDS = 0.3
 ATTENTION_QUERIES = (16, 128, 512, 2048)  # the CPU attention curve's Q points (prefill: context = query)
 
 
@@ -81,6 +93,7 @@ class Measurements:
     concurrent_h2d_beside_kv_gb_per_s: float | None = None  # H2D while the fused attention reads
     gpu_hbm_gib: float | None = None
     cpu_ddr_gib: float = 0.0
+    gpu_gemm_tflops: tuple[tuple[int, float], ...] = ()  # (M, TFLOP/s) on decoder-shaped weight GEMMs (Eq. 1c)
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -247,6 +260,64 @@ def split_sync_seconds(use_gpu: bool, repeats: int = 2000) -> float:
     return max(0.0, medians[split] - parts)
 
 
+def decoder_gemm_shapes(hidden: int) -> tuple[tuple[int, int], ...]:
+    """(K, N) of a decoder layer's four weight GEMMs at hidden size d: d→3d (fused q, k, v), d→d (the output
+    projection), d→4d and 4d→d (the MLP)."""
+    return ((hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden))
+
+
+def gemm_curve(seconds: dict) -> tuple[tuple[int, float], ...]:
+    """{(M, K, N): seconds of one [M, K] × [K, N] GEMM} → ((M, TFLOP/s), ...) by increasing M: at each M the
+    shapes' FLOPs over their summed seconds (a layer's GEMMs one after another: each weighs by its time)."""
+    rows = sorted({m for m, _, _ in seconds})
+    out = []
+    for m in rows:
+        shapes = [(k, n, t) for (mm, k, n), t in seconds.items() if mm == m]
+        out.append((m, sum(2.0 * m * k * n for k, n, _ in shapes) / sum(t for _, _, t in shapes) / 1e12))
+    return tuple(out)
+
+
+def _event_seconds(fn: Callable[[], object], repeats: int, sustain_seconds: float = 0.0) -> float:
+    """Median GPU time of `fn` between CUDA events: a wall clock around a synchronise would add its ~10-20 µs of
+    launch and sync to 0.05-0.5 ms GEMMs of few rows. First `fn` runs back to back for `sustain_seconds`, so that
+    the timed launches see the clocks a pass of such GEMMs runs at, not a cool GPU's boost."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < sustain_seconds:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _gpu_gemm_curve(rows: tuple[int, ...], hidden: tuple[int, ...], repeats: int,
+                    sustain_seconds: float = 0.0) -> tuple[tuple[int, float], ...]:
+    """Eq. 1c's curve: F.linear (the runtime's call) over decoder-shaped bf16 weights of each hidden size, at each
+    of `rows` rows, pooled per M (`gemm_curve`), each timed after `sustain_seconds` of it back to back (a prefill
+    runs its GEMMs for seconds: GPU_GEMM_SUSTAIN_SECONDS)."""
+    cuda = torch.device("cuda")
+    seconds = {}
+    for d in hidden:
+        for k, n in decoder_gemm_shapes(d):
+            w = torch.randn(n, k, device=cuda, dtype=torch.bfloat16)
+            for m in rows:
+                x = torch.randn(m, k, device=cuda, dtype=torch.bfloat16)
+                seconds[(m, k, n)] = _event_seconds(lambda: F.linear(x, w), repeats, sustain_seconds)
+                del x
+            del w
+    return gemm_curve(seconds)
+
+
 def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
     cuda = torch.device("cuda")
     sync = torch.cuda.synchronize
@@ -257,6 +328,11 @@ def _gpu_numbers(sizes: ProbeSizes, step: Callable[[str], None]) -> dict:
     b = torch.randn(n, n, device=cuda, dtype=torch.bfloat16)
     out["gpu_bf16_tflops"] = 2 * n**3 / _median_seconds(lambda: a @ b, 10, sync) / 1e12
     del a, b
+    step("GPU GEMM curve")
+    full = sizes.gemm_k >= 4096
+    out["gpu_gemm_tflops"] = _gpu_gemm_curve(GPU_GEMM_ROWS if full else GPU_GEMM_ROWS[:2],
+                                             GPU_GEMM_HIDDEN if full else (256,), 10 if full else 2,
+                                             GPU_GEMM_SUSTAIN_SECONDS if full else 0.0)
     step("HBM bandwidth")
     src = torch.empty(sizes.copy_bytes * 2, dtype=torch.uint8, device=cuda)
     dst = torch.empty_like(src)
@@ -533,7 +609,7 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | 
              "split sync"]
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     if gpu:
-        steps += ["GPU bf16 GEMM", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
+        steps += ["GPU bf16 GEMM", "GPU GEMM curve", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
     done = [0]
 
     def step(name: str) -> None:

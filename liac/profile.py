@@ -102,6 +102,11 @@ class HardwareProfile:
         "CPU attention (scaled_dot_product_attention, causal mask, bf16) over query length Q = context: FLOP/s "
         "at each Q, counted as the cost model counts attention (4·Q·C·E per head, no causal halving); prices "
         "attention nodes on the CPU in prefill (empty: the AMX GEMM curve at M = Q, as before)", default=())
+    gpu_gemm_bf16_tflops: tuple[CurvePoint, ...] = spec_field(
+        "GPU bf16 weight GEMM throughput over GEMM rows M (interpolated in log M, clamped at the ends): FLOP/s "
+        "reached on a decoder layer's four weight GEMMs (d→3d, d→d, d→4d, 4d→d, their FLOPs over their summed "
+        "time) at each M; prices a GPU `linear` node's FLOPs (docs/cost-model.md Eq. 1c; empty: "
+        "`gpu_bf16_tflops` at every M, as before)", default=())
     gpu_activation_factor: float = spec_field("the runtime's GPU activation peak (allocator reserved bytes) over "
                                               "the cost model's live-set model of it (Eq. 14): allocator rounding "
                                               "and what the model does not see", minimum=1, default=1.25)
@@ -147,6 +152,11 @@ class HardwareProfile:
         `ddr_shared_kv_gb_per_s`, or where not measured (0) the GEMV's `ddr_shared_gb_per_s`."""
         return self.ddr_shared_kv_gb_per_s or self.ddr_shared_gb_per_s
 
+    def gpu_gemm_tflops_at(self, m: float) -> float:
+        """GPU bf16 TFLOP/s of a weight GEMM of `m` rows (Eq. 1c): the measured curve, or without one (empty)
+        `gpu_bf16_tflops` (the 8192³ probe) at every M."""
+        return _curve_at(self.gpu_gemm_bf16_tflops, m) if self.gpu_gemm_bf16_tflops else self.gpu_bf16_tflops
+
     def cpu_attention_tflops_at(self, query: float) -> float:
         """CPU attention TFLOP/s in prefill at `query` tokens (the attention curve; the GEMM curve without one)."""
         return _curve_at(self.cpu_attention_bf16_tflops or self.cpu_amx_bf16_tflops, query)
@@ -179,12 +189,13 @@ class HardwareProfile:
     def canonical(self) -> dict:
         """Plain data with rounded floats: what `sha256` hashes and what `liac profile` would write. A profile that
         does not price the runtime's host time (`runtime_op_seconds` 0, Eq. 24), the CPU's expert reads beside the
-        copies (`cpu_expert_beside_copy_gb_per_s` 0, Eq. 21c) or the fused attention's own shared DDR rate
-        (`ddr_shared_kv_gb_per_s` 0, Eq. 6) leaves that field out: it prices every plan as before the field
+        copies (`cpu_expert_beside_copy_gb_per_s` 0, Eq. 21c), the fused attention's own shared DDR rate
+        (`ddr_shared_kv_gb_per_s` 0, Eq. 6) or the GPU's GEMM rate by rows (`gpu_gemm_bf16_tflops` empty, Eq. 1c)
+        (every field of UNPRICED_WHEN_ZERO) leaves that field out: it prices every plan as before the field
         existed, so it hashes as it did and plans compiled for it stay valid."""
         data = to_data(self)
         for field in UNPRICED_WHEN_ZERO:
-            if getattr(self, field) == 0.0:
+            if getattr(self, field) in (0.0, ()):
                 del data[field]
                 data["sources"].pop(field, None)
                 data["estimates"] = [e for e in data["estimates"] if e != field]
@@ -236,10 +247,12 @@ _RANGES = {"gpu_bf16_tflops": _TFLOPS, "gpu_hbm_gb_per_s": _RATE, "gpu_hbm_gib":
 OPTIONAL_FIELDS = ("gpu_context_mib", "gpu_library_workspace_mib", "gpu_activation_factor",
                     "cpu_attention_bf16_tflops", "runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s",
                     "ddr_shared_kv_gb_per_s", "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s",
-                    "split_cpu_start_seconds")
-# Optional fields whose 0 means "not measured, not priced": left out of `canonical` (and the hash) when 0.
+                    "split_cpu_start_seconds", "gpu_gemm_bf16_tflops")
+# Optional fields whose 0 (a curve: empty) means "not measured, not priced": left out of `canonical` (and the hash)
+# when 0 or empty.
 UNPRICED_WHEN_ZERO = ("runtime_op_seconds", "cpu_expert_beside_copy_gb_per_s", "ddr_shared_kv_gb_per_s",
-                      "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s", "split_cpu_start_seconds")
+                      "runtime_op_seconds_beside_cpu", "ddr_shared_experts_gb_per_s", "split_cpu_start_seconds",
+                      "gpu_gemm_bf16_tflops")
 
 
 def parse_profile(data, source: str) -> HardwareProfile:
@@ -264,7 +277,7 @@ def parse_profile(data, source: str) -> HardwareProfile:
             raise LiacError(source, f"must be between {low:g} and {high:g}, got {value!r}", path=name)
     if not profile.cpu_amx_bf16_tflops:
         raise LiacError(source, "must list at least one point", path="cpu_amx_bf16_tflops")
-    for curve in ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops"):
+    for curve in ("cpu_amx_bf16_tflops", "cpu_attention_bf16_tflops", "gpu_gemm_bf16_tflops"):
         points = getattr(profile, curve)
         for index, (low, high) in enumerate(zip(points, points[1:])):
             if high.m <= low.m:

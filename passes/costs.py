@@ -240,6 +240,9 @@ class CostGraph:
     pcie_latency_seconds: float = 0.0  # the fixed part of every transfer in EdgeCosts and the KV writes (Eq. 2)
     split_sync_seconds: float = 0.0  # Eq. 15: a split unit's join beyond its slower part
     runtime_op_seconds: float = 0.0  # Eq. 24: the runtime's host time per unit it runs (SPLIT_OPS for a split)
+    # Eq. 24b: a prefill GPU unit's host time hides under its own kernels; only where the profile measures the GPU's
+    # GEMM rate by rows (Eq. 1c), which prices those kernels as the pass runs them (without it, Eq. 24 in full)
+    prefill_op_hidden: bool = False
     runtime_op_seconds_beside_cpu: float = 0.0  # Eq. 21d: per host op of a decode MoE layer beside a CPU part; 0: off
     split_cpu_start_seconds: float = 0.0  # Eq. 15b: a decode split's CPU part beyond its roofline; 0: unpriced
     cpu_ddr_read_gb_per_s: float = 0.0  # Eq. 21c: the CPU's weight read alone (the profile's GEMV rate)
@@ -379,8 +382,11 @@ def node_seconds(sub: Sublayer, device: str, tier: str, phase: str, point: tuple
     if device == "cpu":
         return cpu_node_prices(sub, tier, phase, point, hw, share)[0]
     flops, weights, kv, activations = _node_terms(sub, point, share)
+    # Eq. 1c: a weight GEMM's FLOPs at the profile's measured GPU GEMM rate at its rows M = B·Q (the 8192³ probe's
+    # rate where the profile has no curve); every other node at the probe's rate
+    tflops = hw.gpu_gemm_tflops_at(point[0] * point[1]) if sub.kind == "linear" else hw.gpu_bf16_tflops
     # Streamed operands are staged into HBM first (Eq. 5), so the kernel always reads HBM.
-    return np.maximum(flops / (hw.gpu_bf16_tflops * 1e12),
+    return np.maximum(flops / (tflops * 1e12),
                       (weights + kv + activations) / (hw.gpu_hbm_gb_per_s * GB)) + hw.gpu_launch_seconds
 
 
@@ -774,7 +780,7 @@ def annotate_costs(graph: SublayerGraph, hw: HardwareProfile, workload: Workload
                      ddr_shared_gb_per_s=hw.ddr_shared_gb_per_s, classes=tuple(classes),
                      tied_weight_bytes=sum(tied.values()), split_permille=split_permille,
                      pcie_latency_seconds=hw.pcie_latency_seconds, split_sync_seconds=hw.split_sync_seconds,
-                     runtime_op_seconds=hw.runtime_op_seconds,
+                     runtime_op_seconds=hw.runtime_op_seconds, prefill_op_hidden=bool(hw.gpu_gemm_bf16_tflops),
                      runtime_op_seconds_beside_cpu=hw.runtime_op_seconds_beside_cpu,
                      split_cpu_start_seconds=hw.split_cpu_start_seconds,
                      cpu_ddr_read_gb_per_s=hw.cpu_ddr_read_gb_per_s,

@@ -312,7 +312,12 @@ def _unit_options(costs: CostGraph, unit: UnitCosts, tier: str, permille: np.nda
     op = costs.runtime_op_seconds  # Eq. 24: the runtime's host time per unit it runs, on the chain
     for option, value in enumerate(permille):
         if value == 0:
-            out["compute"][option] = np.asarray(unit.gpu_seconds) + op
+            if phase == "prefill" and costs.prefill_op_hidden:
+                # Eq. 24b: in a prefill the host thread dispatches a GPU unit while the GPU runs the kernels queued
+                # before it, so its host time hides under its own kernels (per micro-batch); decode keeps Eq. 24
+                out["compute"][option] = np.maximum(np.asarray(unit.gpu_seconds), op)
+            else:
+                out["compute"][option] = np.asarray(unit.gpu_seconds) + op
             out["stream"][option] = unit.stream_bytes
         elif value == 1000 or value == APART:
             # Eq. 25: a decode attention unit run apart from its partner, over the cache's capacity
