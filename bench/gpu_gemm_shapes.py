@@ -15,16 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 
 
-def _median_seconds(fn, repeats: int = 10) -> float:
+def _median_seconds(fn, repeats: int = 10, sustain: float = 0.0) -> float:
     """Median GPU time of `fn` between CUDA events (not liac.probe's wall clock around a synchronise, whose
-    ~10-20 µs of launch and sync would weigh on the 0.05-0.5 ms products at few rows)."""
+    ~10-20 µs of launch and sync would weigh on the 0.05-0.5 ms products at few rows), after `sustain` seconds of
+    it back to back (the clocks of a seconds-long prefill, not a cool GPU's boost)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < sustain:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -41,6 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=7168)
     parser.add_argument("--ffn", type=int, default=28672)
     parser.add_argument("--rows", default="1,8,32,128,256,512,1024,2048,4096,8192")
+    parser.add_argument("--sustain-seconds", type=float, default=0.0,
+                        help="run each product back to back this long before timing it (liac profile: 0.3)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     dev, dt = "cuda", torch.bfloat16
@@ -52,13 +61,14 @@ def main(argv=None) -> int:
     units = {"qkv": (h, 3 * h), "out_proj": (h, h), "fc1": (h, f), "fc2": (f, h)}
     rows = [int(r) for r in args.rows.split(",")]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "square_8192_tflops": square,
+              "sustain_seconds": args.sustain_seconds,
               "units": {}}
     for unit, (k, nout) in units.items():
         w = torch.randn(nout, k, device=dev, dtype=dt)
         per = {}
         for m in rows:
             x = torch.randn(m, k, device=dev, dtype=dt)
-            s = _median_seconds(lambda: torch.nn.functional.linear(x, w))
+            s = _median_seconds(lambda: torch.nn.functional.linear(x, w), sustain=args.sustain_seconds)
             per[str(m)] = {"seconds": s, "tflops": 2 * m * k * nout / s / 1e12}
         result["units"][unit] = {"k": k, "n": nout, "rows": per}
         del w

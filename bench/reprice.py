@@ -82,7 +82,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-__all__ = ["load_call_plans", "kv_shared_from_rates", "op_seconds_from_runs", "chain_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
+__all__ = ["load_call_plans", "gemm_curve_from_shapes", "kv_shared_from_rates", "op_seconds_from_runs", "chain_seconds_from_runs", "cpu_rates_from_runs", "reprice", "reprice_units",
            "attribute_decode", "split_parts", "split_start_from_runs", "robust_line", "error_summary", "main"]
 
 GEMV_UNITS = frozenset({"qkv", "out_proj", "fc1", "fc2", "gate_up", "down"})  # one weight GEMM each
@@ -114,6 +114,17 @@ def _yaml(text: str, source: str):
     from liac.fileio import parse_yaml
 
     return parse_yaml(text, source)
+
+
+def gemm_curve_from_shapes(path: Path) -> tuple[tuple[int, float], ...]:
+    """Eq. 1c's curve (`gpu_gemm_bf16_tflops`) from bench/gpu_gemm_shapes.py's output: its units' GEMMs at each of
+    liac.probe.GPU_GEMM_ROWS rows it measured, pooled as `liac profile` pools its own shapes (liac.probe.gemm_curve:
+    summed FLOPs over summed seconds)."""
+    from liac.probe import GPU_GEMM_ROWS, gemm_curve
+
+    units = json.loads(Path(path).read_text())["units"]
+    return gemm_curve({(int(m), unit["k"], unit["n"]): row["seconds"] for unit in units.values()
+                       for m, row in unit["rows"].items() if int(m) in GPU_GEMM_ROWS})
 
 
 def kv_shared_from_rates(folder: Path) -> float:
@@ -541,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="every profiled split unit by its CPU part's width, parts beside prices (docstring)")
     parser.add_argument("--attribute", action="store_true",
                         help="per run, its profiled decode step taken apart by part (see the docstring)")
+    parser.add_argument("--gpu-gemm-shapes", type=Path, metavar="JSON",
+                        help="set gpu_gemm_bf16_tflops (Eq. 1c) from bench/gpu_gemm_shapes.py's output")
+    parser.add_argument("--gpu-gemm-cap", type=float, default=0.0, metavar="TFLOPS",
+                        help="cap that curve at this rate (a burst curve standing for the sustained one)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
 
@@ -582,6 +597,11 @@ def main(argv: list[str] | None = None) -> int:
             overrides.setdefault("ddr_shared_kv_gb_per_s", rate)
             notes.append(f"ddr_shared_kv_gb_per_s = {rate:.1f} GB/s (from rates.json; the GEMV's shared rate "
                          f"{profile.ddr_shared_gb_per_s:.1f})")
+        if args.gpu_gemm_shapes:
+            curve = tuple((m, min(t, args.gpu_gemm_cap or t)) for m, t in gemm_curve_from_shapes(args.gpu_gemm_shapes))
+            overrides.setdefault("gpu_gemm_bf16_tflops", [{"m": m, "tflops": t} for m, t in curve])
+            notes.append(f"gpu_gemm_bf16_tflops from {args.gpu_gemm_shapes}: "
+                         + ", ".join(f"{m}: {t:.0f}" for m, t in curve))
         after = {}
         if args.rates_after:
             after = {k: v for k, v in rates_after_fields(args.call).items() if k in to_data(profile)}
