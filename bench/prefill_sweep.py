@@ -6,7 +6,8 @@
 
 Each call is re-priced as `bench/reprice.py CALL` does (the call's run-profile.yaml, its plans), in one process;
 `--gpu-gemm-shapes` sets the profile's `gpu_gemm_bf16_tflops` (Eq. 1c) from bench/gpu_gemm_shapes.py's output for
-every call (the calls' profiles predate the field; `--gpu-gemm-cap T` caps it at T TFLOP/s), `--set FIELD=NUMBER` any number field. Prints, per call, the
+every call (the calls' profiles predate the field; `--gpu-gemm-cap T` caps it at T TFLOP/s), `--set FIELD=NUMBER`
+any number field. Prints, per call, the
 median and worst |prefill error| (re-priced / measured − 1) and the median |decode error|, the same over all runs,
 and the runs of the two points issue 12 named as over-priced (prompt 1024 batch 8 in i12w and i12wp; the whole
 plan's prompt 128 batch 1 in i12b1 and i12wp). No GPU; writes only `--out` (the runs' rows, JSON).

@@ -68,6 +68,10 @@ stream) for a call whose rates probe predates it, from what the probe did measur
 where that file did not come back, the 'after' side of summary.json's 'rates_probes'): its fields replace the
 profile's (the profile's own fields the probe measured), so a run can be set beside the rates of the machine state
 right after it as well as before it. --set still wins over it.
+--gpu-gemm-shapes JSON sets the profile's `gpu_gemm_bf16_tflops` (docs/cost-model.md Eq. 1c, and with it Eq. 24b) from
+bench/gpu_gemm_shapes.py's output, its shapes pooled per M as `liac profile` pools its own (`gemm_curve_from_shapes`);
+--gpu-gemm-cap T caps that curve at T TFLOP/s (a burst curve standing for the sustained rate a pass keeps: 680 for
+the H200 calls of 2026-12-01..03, docs/benchmarks.md section (l)).
 No GPU is needed; prints a table, writes nothing.
 """
 

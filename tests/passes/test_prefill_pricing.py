@@ -4,10 +4,7 @@ arithmetic; a profile without the curve prices and hashes exactly as before."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +20,6 @@ from liac.sizes import GB
 
 HW = resolve_profile("spr-h100-cxl")
 BUDGETS = TierBudgets(10**12, 10**12, 10**12)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _curve(*points):
@@ -139,17 +135,3 @@ def test_gemm_curve_pools_the_shapes_by_hand():
     assert [m for m, _ in curve] == [128, 256]
     assert [t for _, t in curve] == pytest.approx([2 * 128 * 400 / 4e-6 / 1e12, 2 * 256 * 200 / 2e-6 / 1e12])
 
-
-def test_reprice_takes_the_curve_from_gemm_shapes():
-    """bench/reprice.py --gpu-gemm-shapes: i12b1's four OPT-30B shapes pooled at M = 128 by hand."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from reprice import gemm_curve_from_shapes
-
-    path = ROOT / "bench/results/h200-2026-12-03/i12b1/gemm-shapes.json"
-    units = json.loads(path.read_text())["units"]
-    flops = sum(2 * 128 * u["k"] * u["n"] for u in units.values())
-    seconds = sum(u["rows"]["128"]["seconds"] for u in units.values())
-    curve = dict(gemm_curve_from_shapes(path))
-    assert sorted(curve) == [128, 256, 512, 1024, 2048, 4096, 8192]
-    assert curve[128] == pytest.approx(flops / seconds / 1e12, rel=1e-12)
-    assert 360 < curve[128] < 390 and 760 < curve[2048] < 780
