@@ -14,33 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 
 def _median_seconds(fn, repeats: int = 10, sustain: float = 0.0) -> float:
-    """Median GPU time of `fn` between CUDA events (not liac.probe's wall clock around a synchronise, whose
-    ~10-20 µs of launch and sync would weigh on the 0.05-0.5 ms products at few rows), after `sustain` seconds of
-    it back to back (the clocks of a seconds-long prefill, not a cool GPU's boost)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    while time.perf_counter() - begin < sustain:
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    """Median GPU time of `fn` between CUDA events after `sustain` seconds of it back to back: liac.probe's timer,
+    the one `liac profile`'s GPU GEMM curve uses (not its wall clock around a synchronise, whose ~10-20 µs of launch
+    and sync would weigh on the 0.05-0.5 ms products at few rows)."""
+    from liac.probe import _event_seconds
+
+    return _event_seconds(fn, repeats, sustain)
 
 
 def main(argv=None) -> int:
