@@ -92,13 +92,20 @@ def test_prefill_host_time_hides_under_the_gpu_kernels_by_hand():
 
 
 def test_a_profile_without_the_gemm_curve_prices_and_hashes_as_before():
-    """No shipped profile has the curve, and none hashes it (plans compiled for them stay valid); a curve flat at
-    the probe's rate with o = 0 prices every placement bit for bit as no curve (Eq. 1c is then Eq. 1 and Eq. 24b's
-    max(kernel, 0) the kernel), in both phases; the curve is part of the hash."""
+    """No shipped profile but h200-measured (measured on the H200 machine, 2026-12-03) has the curve, and the others
+    do not hash it (plans compiled for them stay valid); a curve flat at the probe's rate with o = 0 prices every
+    placement bit for bit as no curve (Eq. 1c is then Eq. 1 and Eq. 24b's max(kernel, 0) the kernel), in both
+    phases; the curve is part of the hash."""
+    with_curve = []
     for name in profile_names():
         profile = resolve_profile(name)
-        assert profile.gpu_gemm_bf16_tflops == () and "gpu_gemm_bf16_tflops" not in profile.canonical()
+        if profile.gpu_gemm_bf16_tflops:
+            with_curve.append(name)
+            assert dataclasses.replace(profile, gpu_gemm_bf16_tflops=()).sha256() != profile.sha256()
+            continue
+        assert "gpu_gemm_bf16_tflops" not in profile.canonical()
         assert dataclasses.replace(profile, gpu_gemm_bf16_tflops=()).sha256() == profile.sha256()
+    assert with_curve == ["h200-measured"]
     flat = dataclasses.replace(HW, gpu_gemm_bf16_tflops=_curve((1, HW.gpu_bf16_tflops)))
     assert flat.sha256() != HW.sha256()
     placements = np.array([(1000, 1000, 1000, 0, 0, 0), (0,) * 6, (0, 0, 0, 1000, 0, 1000)])
