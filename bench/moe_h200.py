@@ -1,8 +1,8 @@
 """The MoE benchmark (issue 16): a Mixtral-8x7B-shaped model with the GPU capped; liac's placements beside HF
 Accelerate's offload and the floor, all compiled for and measured on the machine of the call.
 
-    # on the GPU machine, from the repo root, carrying .whl/ (the pulp wheel, as bench/device-call.sh): one call,
-    # ≤ 8 min wall, liac installed into /tmp/site first (the compile stage needs liac.passes and pulp)
+    # on the GPU machine, from the repo root, carrying .whl/ (the pulp wheel, as bench/device-call.sh): one call
+    # (≤ 10 min; the whole model: two calls, below), liac installed into /tmp/site first (compile needs pulp)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
     python3 -m pip install -q --no-index --no-build-isolation --no-deps --target /tmp/site . && \
     PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT
@@ -38,7 +38,7 @@ call: summary.json, rates.json, run-profile.yaml, plans.tar.gz, runs.json, peers
                 peers.json
   7. floor      bench/floor.py at the measured rates: the bytes that must move per step → floor.json; the budget
                 less the CUDA context and workspaces the footprint stage measured (floor.process_bytes)
-`--stages` picks stages (without 'kernels' and with `--peers accelerate-pinned` a call takes ~5.5 min);
+`--stages` picks stages (with 16 layers, without 'kernels' and with `--peers accelerate-pinned`: ~5.5 min);
 `--cpu-threads N` sets torch's CPU threads for stages 2-5, `--threads-ab 15` runs the batch-1 optimum again at 15,
 `--share-ab` each optimum again with its expert share following the CPU ('auto'; the default keeps the load-time
 ratio), `--wake-ab` each optimum again waking the CPU's thread team before its experts ops (cpu_wake=True),
@@ -52,10 +52,19 @@ Then summary.json (what ran, how long) and a table on stdout: measured vs predic
 and liac's batch-1 decode against Accelerate's.
 
 The model is Mixtral-8x7B's shape (hidden 4096, 8 experts of 14336, top-2, GQA 32/8) with --layers decoder layers
-(default 16 of 32): 32 layers are 87 GiB of bf16, whose page-locked arena alone takes minutes to allocate and fill
-on that machine, leaving too little of the 8 minutes for the runs. The default GPU budget (--gpu-budget-gib 12) is
-the issue's 24 GiB scaled by 16/32: the same fraction of the model fits as 24 GiB of the full 8x7B. Per-token times
-of the full model are ~2× these (every layer is alike); the prediction error is what carries over.
+(default 32: the whole model, 87 GiB of bf16) and the issue's GPU budget (--gpu-budget-gib 24). On the H200 machine
+(2026-12-03, call moe-full) the page-locked arena of all 32 layers was generated in 11 s and the stages footprint,
+rates, compile, runs and floor at batch 1, 8 and 32 took 217 s; pinned Accelerate at those three batches, in a call
+of its own right after it on the same machine start, 201 s (each batch loads the model in a process of its own):
+
+    PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT/moe-full --stages footprint,rates,compile,runs,floor \
+        --measure-gen-len 12 --max-run-seconds 45 --deadline-s 540 --reserve-s 8
+    PYTHONPATH=/tmp/site python3 bench/moe_h200.py --out $OUT/moe-full-peers --stages peers \
+        --peers accelerate-pinned --peer-batches 1,8,32 --peer-timeout-s 180 --deadline-s 560 --reserve-s 0
+
+The calls of 2026-12-01 to 2026-12-03 (moe … moe-launch) ran half the model, `--layers 16 --gpu-budget-gib 12` (the
+same fraction of the model fits the GPU as 24 GiB of the whole one), when generating the arena was thought to take
+minutes.
 """
 
 from __future__ import annotations
@@ -631,8 +640,8 @@ def _profile_field(text: str) -> tuple[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for every result file ($OUT on the device)")
-    parser.add_argument("--layers", type=int, default=16, help="decoder layers of the Mixtral-8x7B shape (32: all)")
-    parser.add_argument("--gpu-budget-gib", type=float, default=12.0, help="the plans' GPU budget")
+    parser.add_argument("--layers", type=int, default=32, help="decoder layers of the Mixtral-8x7B shape (32: all)")
+    parser.add_argument("--gpu-budget-gib", type=float, default=24.0, help="the plans' GPU budget")
     parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=32, help="new tokens the plans are compiled for")

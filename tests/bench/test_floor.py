@@ -224,15 +224,15 @@ def test_the_process_footprint_raises_the_floor_and_sums_context_and_workspaces(
 
 
 def test_the_mixtral_floor_lies_under_every_measured_run_of_its_call():
-    """The Mixtral calls on the H200 (bench/moe_h200.py, 2026-12-02: the model's layers and GPU budget from each
+    """The Mixtral calls on the H200 (bench/moe_h200.py, 2026-12-02 and -03: the model's layers and GPU budget from each
     call's summary.json, its rates and footprint): the floor with the DDR pairs and the reserved footprint lies
     under every batch's fastest run (the experts a step touches, as the floor counts them)."""
     import json
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200-2026-12-02"
+    results = Path(__file__).resolve().parents[2] / "bench" / "results"
     checked = 0
-    for folder in sorted(results.glob("moe*")):
+    for folder in sorted(results.glob("h200-2026-12-0[23]*/moe*")):
         summary_path = folder / "summary.json"
         if not (folder / "runs.json").exists() or not (folder / "run-profile.yaml").exists() \
                 or not summary_path.exists():
@@ -252,4 +252,4 @@ def test_the_mixtral_floor_lies_under_every_measured_run_of_its_call():
                                       reserved_bytes=reserved)
             assert floor.decode_seconds_per_token * 1e3 < measured, (folder.name, batch)
             checked += 1
-    assert checked >= 15
+    assert checked >= 20
