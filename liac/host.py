@@ -126,6 +126,10 @@ def profile_from_measurements(m, base: HardwareProfile, name: str, description: 
              "median of a split of tiny parts as the runtime runs it (GPU part launched, CPU part inline, event "
              "wait, merge launch) less its slower part alone" + ("" if m.gpu_bf16_tflops is not None
                                                                  else " (no GPU: both parts on the host)"))
+    if m.split_cpu_start_seconds is not None:  # with a GPU only (probe.split_cpu_start)
+        measured("split_cpu_start_seconds", m.split_cpu_start_seconds,
+                 "median of a narrow bf16 F.linear right after the main thread's wait for the GPU (a spin kernel "
+                 "and a copy to the host) less the same slices' median back to back (Eq. 15b)")
     if m.cpu_ddr_gib:
         measured("cpu_ddr_gib", m.cpu_ddr_gib, "MemTotal in /proc/meminfo")
     if not gpu_present:

@@ -5,7 +5,9 @@ first, repeats and takes the median. With CUDA it also measures PCIe (pinned H2D
 bf16 GEMM rate and HBM bandwidth, and the *concurrent* rate: the CPU reading DDR (GEMV) while DMA copies host
 memory to the GPU — the number that says whether splitting a sublayer across both paths pays — and what one split
 costs to synchronise: launching a tiny GPU part, computing a tiny CPU part meanwhile and joining them, as the
-runtime does.
+runtime does; and what a decode split's CPU part costs to start after the main thread's wait for the GPU
+(`split_cpu_start`, Eq. 15b). `cpu_gemm_curve` measures the AMX curve on decoder-shaped weights (bench/h200.py's
+rates stage; `liac profile`'s curve is square K×K).
 
     from liac.probe import ProbeSizes, measure_host
     numbers = measure_host(ProbeSizes.full(), progress=lambda step, total, name: print(f"[{step}/{total}] {name}"))
@@ -25,7 +27,8 @@ from liac.models.mixtral import expert_ffn
 from liac.sizes import GB, GIB, MIB
 
 __all__ = ["ProbeSizes", "Measurements", "measure_host", "measure_rates", "expert_rates", "attention_curve",
-           "split_sync_seconds", "GEMM_ROWS", "GPU_GEMM_ROWS", "GPU_GEMM_HIDDEN", "GPU_GEMM_SUSTAIN_SECONDS",
+           "split_sync_seconds", "split_cpu_start", "cpu_gemm_curve", "SPLIT_START_HIDDEN", "SPLIT_START_FEATURES",
+           "SPLIT_START_WAITS", "GEMM_ROWS", "GPU_GEMM_ROWS", "GPU_GEMM_HIDDEN", "GPU_GEMM_SUSTAIN_SECONDS",
            "decoder_gemm_shapes", "gemm_curve", "ATTENTION_QUERIES", "EXPERT_IDLE_SECONDS",
            "EXPERT_ROUTE_SECONDS", "EXPERTS_BESIDE_COPIES", "experts_beside_copies_rate"]
 
@@ -94,6 +97,7 @@ class Measurements:
     gpu_hbm_gib: float | None = None
     cpu_ddr_gib: float = 0.0
     gpu_gemm_tflops: tuple[tuple[int, float], ...] = ()  # (M, TFLOP/s) on decoder-shaped weight GEMMs (Eq. 1c)
+    split_cpu_start_seconds: float | None = None  # Eq. 15b's w (`split_cpu_start`): with a GPU only
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -275,6 +279,129 @@ def gemm_curve(seconds: dict) -> tuple[tuple[int, float], ...]:
         shapes = [(k, n, t) for (mm, k, n), t in seconds.items() if mm == m]
         out.append((m, sum(2.0 * m * k * n for k, n, _ in shapes) / sum(t for _, _, t in shapes) / 1e12))
     return tuple(out)
+
+
+# The narrow weight slices a decode split's CPU part reads (Eq. 15b): features (output rows) of a hidden-7168
+# decoder (OPT-30B) where the H200's profiled CPU parts ran about 2x their price (358-2867 features) — the start w
+# is what those parts pay beyond their roofline
+SPLIT_START_HIDDEN = 7168
+SPLIT_START_FEATURES = (384, 1024, 2867)
+SPLIT_START_WAITS = (0.002, 0.008)  # the main thread's wait for the GPU before the CPU part: a layer's GPU work
+SPLIT_START_ROTATE_BYTES = 512 * MIB  # the slices rotated over, per probe: far beyond the last-level cache
+
+
+def _gpu_wait(seconds: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function that makes the GPU busy for about `seconds` (a spin kernel, `torch.cuda._sleep`, its cycles
+    calibrated here against CUDA events) and then copies its argument to the host, which waits for it: the main
+    thread's wait for a split part's input (runtime/backend.py `transfer`: `.to('cpu')` of a GPU tensor)."""
+    cycles = 1_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # warm-up (module load)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    per_second = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+    wait_cycles = max(1, int(per_second * seconds))
+
+    def wait(x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(wait_cycles)
+        return x.to("cpu")
+    return wait
+
+
+def _host_wait(seconds: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Without a GPU: the main thread sleeps `seconds` (its OpenMP team idle meanwhile), then copies its input."""
+    def wait(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(seconds)
+        return x.clone()
+    return wait
+
+
+def split_cpu_start(use_gpu: bool, hidden: int = SPLIT_START_HIDDEN,
+                    features: tuple[int, ...] = SPLIT_START_FEATURES, waits: tuple[float, ...] = SPLIT_START_WAITS,
+                    rotate_bytes: int = SPLIT_START_ROTATE_BYTES, repeats: int = 40) -> float:
+    """Eq. 15b's w (docs/cost-model.md; the profile's `split_cpu_start_seconds`): what a decode split's CPU part
+    costs beyond its roofline, as the runtime meets it (runtime/executor.py `_split_step`: the main thread waits for
+    the part's input from the GPU, a copy to the host, its OpenMP team idle through the wait, then computes the CPU
+    part inline, F.linear over a narrow slice of the weights read from DDR).
+
+    Each timed sample: the wait (with `use_gpu` a CUDA spin kernel of each of `waits` seconds and a blocking copy of
+    the input to the host; without, `time.sleep`), then F.linear of one row [1, hidden] by a slice [f, hidden] of
+    bf16 weights, each of `features`, the slices rotated over `rotate_bytes` so each comes from DDR. The baseline:
+    the same slices' F.linear back to back (the team and the kernel warm, the weights still from DDR). Samples of
+    every wait and width interleave with the baseline's, so drifting load hits both alike. w is the median over
+    (wait, width) of median(after the wait) − median(back to back), clamped at 0 (s). About 1.5 s at the defaults
+    (the waits: 40 × 3 × 10 ms); without a GPU the number means little (no split runs there)."""
+    per_width = max(1, rotate_bytes // len(features))
+    slices = {f: _rotated_weights(f, hidden, per_width) for f in features}
+    x_host = torch.randn(1, hidden, dtype=torch.bfloat16)
+    x = x_host.to("cuda") if use_gpu else x_host
+    waits_fns = {s: (_gpu_wait if use_gpu else _host_wait)(s) for s in waits}
+    after: dict = {(s, f): [] for s in waits for f in features}
+    warm: dict = {f: [] for f in features}
+    turn = {f: 0 for f in features}
+
+    def next_slice(f: int) -> torch.Tensor:
+        turn[f] += 1
+        return slices[f][turn[f] % len(slices[f])]
+
+    with torch.inference_mode():
+        for f in features:  # warm-up: oneDNN's kernel choice, first touch of every slice
+            for w in slices[f]:
+                F.linear(x_host, w)
+        for _ in range(repeats):
+            for f in features:
+                for s in waits:
+                    y = waits_fns[s](x)  # the wait, then the CPU part at once
+                    w = next_slice(f)
+                    began = time.perf_counter()
+                    F.linear(y, w)
+                    after[(s, f)].append(time.perf_counter() - began)
+                F.linear(x_host, next_slice(f))  # the team awake: the baseline's runs follow back to back
+                for _ in range(2):
+                    w = next_slice(f)
+                    began = time.perf_counter()
+                    F.linear(x_host, w)
+                    warm[f].append(time.perf_counter() - began)
+    differences = [statistics.median(after[(s, f)]) - statistics.median(warm[f]) for s in waits for f in features]
+    return max(0.0, statistics.median(differences))
+
+
+def cpu_gemm_curve(hidden: int = SPLIT_START_HIDDEN, rows: tuple[int, ...] = GEMM_ROWS, rotate_bytes: int = GIB,
+                   repeats: int = 3, max_seconds: float = 6.0) -> tuple[tuple[int, float], ...]:
+    """The AMX (or AVX) bf16 GEMM curve (the profile's `cpu_amx_bf16_tflops`, (M, TFLOP/s) by increasing M) on a
+    decoder layer's four weight GEMMs at hidden size `hidden` (`decoder_gemm_shapes`: d→3d, d→d, d→4d, 4d→d),
+    pooled per M as `gemm_curve` does, rather than `liac profile`'s square K×K weights: the shapes a CPU linear
+    node runs. Each round runs the four GEMMs one after another (as a layer does); the layer's weights are copied
+    until they hold `rotate_bytes` and a round takes the next copy, so a small M reads its weights from DDR (one
+    hidden-7168 layer is 1.2 GB already). Each shape's median over `repeats` rounds after a warm-up round; the rounds
+    at each M stop early once the curve has spent its share of `max_seconds` (at least one timed round)."""
+    shapes = decoder_gemm_shapes(hidden)
+    layer = [_random(n, k, scale=0.02) for k, n in shapes]
+    layer_bytes = sum(w.numel() * 2 for w in layer)
+    copies = [layer] + [[w.clone() for w in layer] for _ in range(max(1, -(-rotate_bytes // layer_bytes)) - 1)]
+    seconds, began = {}, time.perf_counter()
+    turn = 0
+    with torch.inference_mode():
+        for index, m in enumerate(rows):
+            xs = {k: torch.randn(m, k, dtype=torch.bfloat16) for k, _ in shapes}
+            times: dict = {(k, n): [] for k, n in shapes}
+            share_end = began + max_seconds * (index + 1) / len(rows)
+            for round_ in range(repeats + 1):
+                ws = copies[turn % len(copies)]
+                turn += 1
+                for (k, n), w in zip(shapes, ws):
+                    start = time.perf_counter()
+                    F.linear(xs[k], w)
+                    if round_:  # the first: kernel choice, first touch
+                        times[(k, n)].append(time.perf_counter() - start)
+                if round_ and time.perf_counter() > share_end:
+                    break
+            for (k, n), values in times.items():
+                seconds[(m, k, n)] = max(statistics.median(values), 1e-9)
+    return gemm_curve(seconds)
 
 
 def _event_seconds(fn: Callable[[], object], repeats: int, sustain_seconds: float = 0.0) -> float:
@@ -609,7 +736,7 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | 
              "split sync"]
     gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
     if gpu:
-        steps += ["GPU bf16 GEMM", "GPU GEMM curve", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
+        steps += ["split start", "GPU bf16 GEMM", "GPU GEMM curve", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"]
     done = [0]
 
     def step(name: str) -> None:
@@ -633,7 +760,13 @@ def measure_host(sizes: ProbeSizes, progress: Callable[[int, int, str], None] | 
     cpu_launch = _launch_seconds("cpu", lambda: None)
     step("split sync")
     sync = split_sync_seconds(gpu, repeats=2000 if sizes.repeats >= 5 else 300)
-    gpu_numbers = _gpu_numbers(sizes, step) if gpu else {}
+    gpu_numbers = {}
+    if gpu:  # without a GPU no split runs, and a start after a host sleep would price nothing real
+        step("split start")
+        quick = sizes.repeats < 5
+        gpu_numbers["split_cpu_start_seconds"] = split_cpu_start(
+            True, rotate_bytes=min(sizes.rotate_bytes, SPLIT_START_ROTATE_BYTES), repeats=8 if quick else 40)
+        gpu_numbers.update(_gpu_numbers(sizes, step))
     return Measurements(cpu_threads=torch.get_num_threads(), cpu_gemm_tflops=tuple(curve),
                         cpu_gemv_gb_per_s=rates[kernel], cpu_gemv_kernel=kernel, cpu_kv_read_gb_per_s=kv,
                         cpu_launch_seconds=cpu_launch, split_sync_seconds=sync, cpu_ddr_gib=_ddr_gib(),

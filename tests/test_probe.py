@@ -162,3 +162,92 @@ def test_the_expert_probe_measures_ddr_beside_several_copies():
     rates = probe.expert_rates(512, 2048, 64 * 2**20, repeats=2, use_gpu=True, idle_seconds=0.001)
     assert 0 < rates["ddr_shared_experts_gb_per_s"] <= 1.5 * (rates["cpu_expert_gb_per_s"]
                                                               + rates["h2d_beside_expert_gb_per_s"])
+
+
+def test_split_cpu_start_is_the_cold_part_less_the_warm_one(monkeypatch):
+    """`split_cpu_start` (Eq. 15b's w): each sample waits (here a recorded host wait), then runs F.linear on a
+    slice; the baseline runs the slices back to back. With a fake clock where a part after the wait takes 3 s and
+    one back to back 1 s, w = 2 s; the waits interleave (every width, every wait, each repeat); a part after the
+    wait that is faster than back to back clamps w at 0."""
+    import types
+
+    import liac.probe as probe
+
+    clock, waited, state = [0.0], [], {"cold": False}
+
+    def host_wait(seconds):
+        def wait(x):
+            waited.append(seconds)
+            state["cold"] = True
+            return x
+        return wait
+
+    def linear(x, w, cold_cost=3.0):
+        clock[0] += cold_cost if state["cold"] else 1.0
+        state["cold"] = False
+
+    monkeypatch.setattr(probe, "_host_wait", host_wait)
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(probe, "F", types.SimpleNamespace(linear=linear))
+    w = probe.split_cpu_start(False, hidden=16, features=(4, 8), waits=(0.002, 0.008), rotate_bytes=1024, repeats=3)
+    assert w == 2.0
+    assert waited == [0.002, 0.008] * 2 * 3  # per repeat: each width after each wait
+    monkeypatch.setattr(probe, "F", types.SimpleNamespace(linear=lambda x, w: linear(x, w, cold_cost=0.5)))
+    assert probe.split_cpu_start(False, hidden=16, features=(4,), waits=(0.001,), rotate_bytes=256, repeats=2) == 0.0
+
+
+def test_split_cpu_start_and_the_decoder_gemm_curve_measure_tiny_sizes():
+    """The real probes on tiny sizes (no timing asserted): a finite w ≥ 0, and the AMX curve as (M, TFLOP/s) at
+    every M asked, positive and finite (the profile's `cpu_amx_bf16_tflops` format)."""
+    import math
+
+    from liac import probe
+
+    w = probe.split_cpu_start(False, hidden=64, features=(8, 16), waits=(0.0005,), rotate_bytes=64 * 1024, repeats=3)
+    assert math.isfinite(w) and w >= 0.0
+    curve = probe.cpu_gemm_curve(hidden=32, rows=(1, 8, 32), rotate_bytes=256 * 1024, repeats=2, max_seconds=2.0)
+    assert [m for m, _ in curve] == [1, 8, 32]
+    assert all(math.isfinite(t) and t > 0 for _, t in curve)
+
+
+def _fake_gpu_numbers(sizes, step):
+    for name in ("GPU bf16 GEMM", "GPU GEMM curve", "HBM bandwidth", "PCIe copies", "CPU reads while PCIe copies"):
+        step(name)
+    return {"gpu_bf16_tflops": 700.0, "gpu_hbm_gb_per_s": 4000.0, "gpu_hbm_gib": 139.0, "gpu_launch_seconds": 5e-6,
+            "pcie_h2d_gb_per_s": 50.0, "pcie_d2h_gb_per_s": 50.0, "pcie_bidir_gb_per_s": 90.0,
+            "pcie_latency_seconds": 1e-5, "concurrent_cpu_gb_per_s": 40.0, "concurrent_h2d_gb_per_s": 45.0,
+            "concurrent_kv_gb_per_s": 50.0, "concurrent_h2d_beside_kv_gb_per_s": 40.0}
+
+
+def test_liac_profile_with_a_gpu_probes_the_split_start(monkeypatch, tmp_path):
+    """With a GPU `liac profile` runs the step 'split start' (`split_cpu_start` with use_gpu) and writes
+    `split_cpu_start_seconds` as measured; without one the step is not run and the field stays the base's (0: not
+    priced). The GPU probes are replaced here (no CUDA on this machine)."""
+    import torch
+
+    import liac.probe as probe
+
+    calls = []
+    monkeypatch.setattr(probe, "split_cpu_start", lambda use_gpu, **kw: calls.append((use_gpu, kw)) or 4.5e-4)
+    monkeypatch.setattr(probe, "split_sync_seconds", lambda gpu, repeats=0: 2e-5)
+    monkeypatch.setattr(probe, "_gpu_numbers", _fake_gpu_numbers)
+    steps = []
+    m = probe.measure_host(probe.ProbeSizes.quick(), progress=lambda i, n, name: steps.append(name), use_gpu=True)
+    assert "split start" in steps and steps.index("split start") == steps.index("split sync") + 1
+    assert m.split_cpu_start_seconds == 4.5e-4 and calls[0][0] is True
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(probe, "_random", lambda *shape, scale=1.0: torch.randn(*shape, dtype=torch.bfloat16) * scale)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "a mocked GPU")
+    out = tmp_path / "gpu.yaml"
+    assert main(["profile", "--quick", "-o", str(out)]) == 0
+    profile = load_profile(out)
+    assert profile.split_cpu_start_seconds == 4.5e-4
+    assert profile.sources["split_cpu_start_seconds"].startswith("liac profile")
+    assert "split_cpu_start_seconds" not in profile.estimates
+
+
+def test_liac_profile_without_a_gpu_leaves_the_split_start_unpriced(measured):
+    profile = load_profile(measured)
+    assert profile.split_cpu_start_seconds == 0.0  # the base (h200-amx16) has none: not priced
+    assert not profile.sources["split_cpu_start_seconds"].startswith("liac profile")
