@@ -20,8 +20,11 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            for the profile with '-nostart', the A/B of the splits that term takes out); plus, with the contender 'shipped-profile', the plan for the shipped h200-amx16 profile at batch 1
            (issue 4's check) → plans/, plans.tar.gz
   rates    liac.probe.measure_rates (≈30 s): CPU GEMV, KV read, pinned H2D/D2H and CPU reads during H2D, plus the
-           CPU prefill-attention curve and a split's synchronisation, measured in this call → rates.json and
-           run-profile.yaml (the profile with those fields replaced), which floor uses
+           CPU prefill-attention curve, a split's synchronisation, a decode split's CPU start (Eq. 15b's w,
+           liac.probe.split_cpu_start: ≤ 3 s) and the AMX GEMM curve on the model's decoder shapes
+           (liac.probe.cpu_gemm_curve: ≤ 6 s), measured in this call → rates.json and run-profile.yaml (the
+           profile with those fields replaced: split_cpu_start_seconds, cpu_amx_bf16_tflops, ...), which floor
+           uses and, with --compile-for-call, compile
   runs     bench/run_plans.py over the plans on ONE set of random weights, point by point in --points order (all
            contenders of a point in --contenders order, then the next point: put the points that matter most first;
            with --abba in order then in reverse, A B B A; with --warm-point after one untimed run of the point's
@@ -34,7 +37,7 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
   peers    bench/peers: Accelerate (pageable and pinned weights) and FlexGen's best --percent → peers.json
   rates-after  the rates stage's probe again, after the runs and peers → rates-after.json (same fields; run-profile.yaml
            keeps the first probe's) and summary.json's 'rates_probes': per field both probes, after / before, and
-           the one the floor takes. The probe ran once at 124.5 GB/s shared DDR where every other call read 94-102,
+           the one the floor takes (per m for the curves; the shorter split start). The probe ran once at 124.5 GB/s shared DDR where every other call read 94-102,
            and that call's runs ran 20-40 % slower than priced (i12t): a second probe shows a rate that moved.
            The runs leave it --rates-after-s; with less than that left it is skipped, the reason recorded
   floor    bench/floor.py for every point with the measured profile → floor.json; where rates-after ran, per field
@@ -292,7 +295,10 @@ class Bench:
         import torch
 
         from liac.fileio import write_atomic
-        from liac.probe import ATTENTION_QUERIES, ProbeSizes, attention_curve, measure_rates, split_sync_seconds
+        from liac.models import resolve_model
+        from liac.probe import (ATTENTION_QUERIES, ProbeSizes, attention_curve, cpu_gemm_curve, measure_rates,
+                                split_cpu_start, split_sync_seconds)
+        from liac.schema_tools import stable_float
 
         sizes = ProbeSizes.quick() if self.args.emulate else ProbeSizes(
             weight_bytes=GIB, rotate_bytes=3 * GIB, gemm_k=7168, copy_bytes=GIB, repeats=3,
@@ -301,12 +307,25 @@ class Bench:
         gpu = False if self.args.emulate else None
         rates = measure_rates(sizes, use_gpu=gpu)
         rates = {k: round(v, 3) for k, v in rates.items()}
-        rates["split_sync_seconds"] = split_sync_seconds(torch.cuda.is_available() and not self.args.emulate)
+        cuda = torch.cuda.is_available() and not self.args.emulate
+        rates["split_sync_seconds"] = split_sync_seconds(cuda)
+        # Eq. 15b's w as this machine start meets it (it moved 0.33-1.48 ms between starts of the H200 machine);
+        # emulated: small slices after a host sleep (the number prices nothing real there)
+        rates["split_cpu_start_seconds"] = split_cpu_start(cuda) if not self.args.emulate else split_cpu_start(
+            False, hidden=256, features=(32, 64), waits=(0.001, 0.002), rotate_bytes=4 * 2**20, repeats=4)
         queries = ATTENTION_QUERIES[:2] if self.args.emulate else ATTENTION_QUERIES
         curve = [{"m": q, "tflops": round(t, 4)} for q, t in attention_curve(queries, 2 if self.args.emulate else 3)]
-        self.log(f"{name} in {time.monotonic() - began:.0f} s: {rates}; CPU prefill attention {curve}")
-        fields = {**rates, "cpu_attention_bf16_tflops": curve}
+        # the AMX curve on the model's decoder shapes, this machine start's (prefill prices its CPU GEMMs by it)
+        hidden = resolve_model(self.args.model).hidden_size
+        amx = cpu_gemm_curve(hidden, rotate_bytes=4 * 2**20, repeats=2, max_seconds=1.0) if self.args.emulate \
+            else cpu_gemm_curve(hidden, rotate_bytes=GIB, repeats=3, max_seconds=6.0)
+        amx = [{"m": m, "tflops": stable_float(max(t, 1e-6), 4)} for m, t in amx]  # 4 significant digits
+        self.log(f"{name} in {time.monotonic() - began:.0f} s: {rates}; CPU prefill attention {curve}; "
+                 f"CPU GEMM {amx}")
+        fields = {**rates, "cpu_attention_bf16_tflops": curve, "cpu_amx_bf16_tflops": amx}
         write_atomic(self.out / name, json.dumps(fields, indent=1, sort_keys=True) + "\n")
+        if torch.cuda.is_available():  # the probes' weights were drawn on the GPU: give the runs their memory
+            torch.cuda.empty_cache()
         return fields
 
     def _update_run_profile(self, fields: dict, source: str) -> None:
@@ -575,9 +594,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=520.0, help="wall-clock budget of this call")
     parser.add_argument("--reserve-s", type=float, default=40.0,
                         help="seconds the runs leave for the stages after them (floor, footprint)")
-    parser.add_argument("--rates-after-s", type=float, default=20.0,
-                        help="seconds the runs leave for the rates-after stage (its probe: ~13 s on the H200); "
-                             "with less left it is skipped")
+    parser.add_argument("--rates-after-s", type=float, default=32.0,
+                        help="seconds the runs leave for the rates-after stage (its probe: ~13 s on the H200 before "
+                             "the split start and the AMX curve joined it, which add ≤ 3 and ≤ 7 s); with less left "
+                             "it is skipped")
     parser.add_argument("--peers-until-s", type=float, default=None,
                         help="the peers stage ends by this many seconds into the call (default: the deadline)")
     parser.add_argument("--plans-dir", default=os.path.join(tempfile.gettempdir(), "liac-bench-plans"),

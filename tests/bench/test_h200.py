@@ -277,3 +277,57 @@ def test_the_floor_leaves_out_the_process_footprint_measured_in_the_call(tmp_pat
     assert h200.main(["--out", str(tmp_path / "bare"), "--emulate", "--profile", str(PROFILE), "--stages", "floor",
                       "--points", "128:1"]) == 0
     assert seen[2]["reserved_bytes"] == 0.0
+
+
+def test_rates_stage_measures_the_split_start_and_the_amx_curve_and_compile_for_call_prices_with_them(
+        tmp_path, monkeypatch):
+    """The rates stage probes Eq. 15b's w (`split_cpu_start`) and the AMX curve on the model's decoder shapes
+    (`cpu_gemm_curve`) into rates.json and run-profile.yaml; with --compile-for-call the plans are compiled for that
+    profile, whose split start and AMX curve are the probes' (the probes are replaced by fixed numbers)."""
+    import json
+
+    import h200
+    import yaml
+
+    from liac.plan import load_plan
+    from liac.profile import load_profile
+
+    monkeypatch.setattr("liac.probe.measure_rates", lambda sizes, use_gpu=None: {"cpu_ddr_read_gb_per_s": 50.0})
+    monkeypatch.setattr("liac.probe.split_sync_seconds", lambda gpu: 1e-5)
+    monkeypatch.setattr("liac.probe.attention_curve", lambda queries, repeats: [(q, 0.5) for q in queries])
+    starts, curves = [], []
+    monkeypatch.setattr("liac.probe.split_cpu_start", lambda use_gpu, **kw: starts.append(use_gpu) or 7.5e-4)
+    monkeypatch.setattr("liac.probe.cpu_gemm_curve", lambda hidden, **kw: curves.append(hidden) or (
+        (1, 0.05), (128, 1.5), (1024, 2.25)))
+    out = tmp_path / "out"
+    assert h200.main(["--out", str(out), "--emulate", "--profile", "spr-h100", "--stages", "rates,compile",
+                      "--compile-for-call", "--points", "128:1", "--contenders", "optimal"]) == 0
+    curve = [{"m": 1, "tflops": 0.05}, {"m": 128, "tflops": 1.5}, {"m": 1024, "tflops": 2.25}]
+    rates = json.loads((out / "rates.json").read_text())
+    assert rates["split_cpu_start_seconds"] == 7.5e-4 and rates["cpu_amx_bf16_tflops"] == curve
+    assert starts == [False] and curves == [768]  # emulated: no GPU; opt-125m's hidden size
+    run_profile = yaml.safe_load((out / "run-profile.yaml").read_text())
+    assert run_profile["split_cpu_start_seconds"] == 7.5e-4 and run_profile["cpu_amx_bf16_tflops"] == curve
+    assert "rates stage" in run_profile["sources"]["split_cpu_start_seconds"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["compiled_for"] == str(out / "run-profile.yaml")
+    profile = load_profile(out / "run-profile.yaml")
+    assert profile.split_cpu_start_seconds == 7.5e-4
+    assert [(p.m, p.tflops) for p in profile.cpu_amx_bf16_tflops] == [(1, 0.05), (128, 1.5), (1024, 2.25)]
+    plan = load_plan(summary["plans"][0]["plan"])
+    assert plan.spec.hardware.sha256 == profile.sha256()  # priced with the probes' w and curve
+
+
+def test_the_floor_takes_the_faster_split_start_and_amx_curve():
+    """The rates-after probe carries the new fields too: the floor takes the shorter start and per m the higher
+    AMX TFLOP/s."""
+    from h200 import floor_rates
+
+    before = {"split_cpu_start_seconds": 5e-4, "cpu_amx_bf16_tflops": [{"m": 1, "tflops": 0.06},
+                                                                      {"m": 128, "tflops": 3.7}]}
+    after = {"split_cpu_start_seconds": 4e-4, "cpu_amx_bf16_tflops": [{"m": 1, "tflops": 0.05},
+                                                                     {"m": 128, "tflops": 4.0}]}
+    chosen, record = floor_rates(before, after)
+    assert chosen["split_cpu_start_seconds"] == 4e-4
+    assert chosen["cpu_amx_bf16_tflops"] == [{"m": 1, "tflops": 0.06}, {"m": 128, "tflops": 4.0}]
+    assert record["split_cpu_start_seconds"]["ratio"] == 0.8
