@@ -23,8 +23,10 @@ Stages (each writes its files under --out as soon as it has them, so a call cut 
            CPU prefill-attention curve, a split's synchronisation, a decode split's CPU start (Eq. 15b's w,
            liac.probe.split_cpu_start: ≤ 3 s) and the AMX GEMM curve on the model's decoder shapes
            (liac.probe.cpu_gemm_curve: ≤ 6 s), measured in this call → rates.json and run-profile.yaml (the
-           profile with those fields replaced: split_cpu_start_seconds, cpu_amx_bf16_tflops, ...), which floor
-           uses and, with --compile-for-call, compile
+           profile with those fields replaced: cpu_amx_bf16_tflops, ...), which floor uses and, with
+           --compile-for-call, compile. The split start stays in rates.json only: on the device the probe read
+           0.11-0.14 ms where the same call's split parts fit 0.69 ms (docs/benchmarks.md (p)), so the profile's
+           w (fit from runs, bench/reprice.py --split-start-from-runs) is the one plans are compiled with
   runs     bench/run_plans.py over the plans on ONE set of random weights, point by point in --points order (all
            contenders of a point in --contenders order, then the next point: put the points that matter most first;
            with --abba in order then in reverse, A B B A; with --warm-point after one untimed run of the point's
@@ -274,7 +276,9 @@ class Bench:
 
     def rates(self) -> None:
         fields = self._probe_rates("rates.json")
-        self._update_run_profile(fields, "bench/h200.py rates stage, in the same call as the runs")
+        # the split-start probe reads 4-6x below the runs' own fit (docs/benchmarks.md (p)): recorded, not priced
+        priced = {k: v for k, v in fields.items() if k != "split_cpu_start_seconds"}
+        self._update_run_profile(priced, "bench/h200.py rates stage, in the same call as the runs")
 
     def rates_after(self) -> None:
         """The rates probe again after the runs (and peers) → rates-after.json; run-profile.yaml keeps the first
