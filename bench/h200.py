@@ -313,8 +313,8 @@ class Bench:
         rates = {k: round(v, 3) for k, v in rates.items()}
         cuda = torch.cuda.is_available() and not self.args.emulate
         rates["split_sync_seconds"] = split_sync_seconds(cuda)
-        # Eq. 15b's w as this machine start meets it (it moved 0.33-1.48 ms between starts of the H200 machine);
-        # emulated: small slices after a host sleep (the number prices nothing real there)
+        # Eq. 15b's w after a GPU wait on an idle host: a lower bound of the runs' (rates() records it, no plan is
+        # priced with it); emulated: small slices after a host sleep (the number prices nothing real there)
         rates["split_cpu_start_seconds"] = split_cpu_start(cuda) if not self.args.emulate else split_cpu_start(
             False, hidden=256, features=(32, 64), waits=(0.001, 0.002), rotate_bytes=4 * 2**20, repeats=4)
         queries = ATTENTION_QUERIES[:2] if self.args.emulate else ATTENTION_QUERIES
