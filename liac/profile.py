@@ -134,9 +134,9 @@ class HardwareProfile:
     split_cpu_start_seconds: float = spec_field(
         "a decode split sublayer's CPU part beyond its roofline: what each CPU part costs to start (the main "
         "thread's OpenMP team after its wait for the part's input from the GPU, a narrow slice of the weights), s "
-        "(docs/cost-model.md Eq. 15b; probed by `liac profile` with a GPU and bench/h200.py's rates stage, "
-        "liac.probe.split_cpu_start, or fitted from a call's profiled split parts, bench/reprice.py "
-        "--split-start-from-runs); 0: not measured, not priced", minimum=0, default=0.0)
+        "(docs/cost-model.md Eq. 15b; fitted from a call's profiled split parts, bench/reprice.py "
+        "--split-start-from-runs, or probed by `liac profile` with a GPU, liac.probe.split_cpu_start: a lower "
+        "bound, 4-6x under the runs' fit on the H200 machine); 0: not measured, not priced", minimum=0, default=0.0)
     ddr_shared_kv_gb_per_s: float = spec_field(
         "DDR bytes/s served in total when the CPU's fused decode attention reads a KV cache in DDR while pinned "
         "host-to-device copies read DDR too (the rates probe: the attention's KV read beside the copies plus "
